@@ -1,0 +1,4 @@
+from mtp_mask_fix.cli import main
+
+
+main()

@@ -1,0 +1,62 @@
+"""pytest plugin (loaded with `-p mtp_mask_fix.harness.pytest_plugin`; pyproject adds it here).
+
+1. CPU shims, before any test module imports megatron.bridge.
+2. MTP_FIX_GPT_STEP selects the gpt_step.py under test:
+     unset        this repo's generated view, src/megatron/bridge/training/gpt_step.py (base + patch)
+     a file path  that file (the red/green check points it at the unpatched base)
+     "installed"  whatever `megatron.bridge` is importable (the gate puts a whole tree on PYTHONPATH)
+3. MTP_FIX_OUTCOMES=FILE records each test's outcome as JSON lines, telling an assertion failure from any
+   other error, and which gpt_step.py file was really exercised.
+"""
+
+import json
+import os
+import sys
+
+import pytest
+
+from mtp_mask_fix.harness import cpu_shims
+from mtp_mask_fix.patch import VIEW
+
+
+def _gpt_step_under_test():
+    choice = os.environ.get("MTP_FIX_GPT_STEP", "")
+    if choice == "installed":
+        return None
+    return choice or str(VIEW)
+
+
+cpu_shims.install()
+cpu_shims.select_gpt_step(_gpt_step_under_test())
+
+
+def _record(entry: dict) -> None:
+    path = os.environ.get("MTP_FIX_OUTCOMES")
+    if path:
+        with open(path, "a") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        if report.passed:
+            result = "passed"
+        elif report.skipped:
+            result = "skipped"
+        elif report.when == "setup":
+            result = f"error:{call.excinfo.typename}"
+        elif call.excinfo.errisinstance(AssertionError):
+            result = "assertion"
+        else:
+            result = f"failed:{call.excinfo.typename}"
+        module = sys.modules.get(cpu_shims.GPT_STEP_MODULE)
+        _record({"nodeid": item.nodeid, "outcome": result, "gpt_step": getattr(module, "__file__", None)})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        reason = [line for line in report.longreprtext.splitlines() if line.startswith("E ")][-1:] or ["?"]
+        _record({"nodeid": report.nodeid, "outcome": f"error:collection: {reason[0][1:].strip()}", "gpt_step": None})
