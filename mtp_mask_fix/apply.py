@@ -69,6 +69,7 @@ def _is_loss_mask_name(node) -> bool:
 
 
 def check(target: Target, patch: Patch) -> Verdict:
+    """Applies, already applied, or drifted: forward check, reverse check, then why it failed."""
     diff = diff_for(target, patch)
     error = apply_diff(diff, target.root, strip=target.strip, check=True)
     if not error:

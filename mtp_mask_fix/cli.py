@@ -23,7 +23,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Subcommands and their options."""
     parser = _Parser(prog="mtp-mask-fix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     check = sub.add_parser("check", help="say whether the patch applies, is already applied, or has drifted")
@@ -56,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str]) -> int:
+    """Run one subcommand; returns its exit code (refusals raise ToolError)."""
     args = build_parser().parse_args(argv)
     from mtp_mask_fix.patch import Patch
 
@@ -63,14 +66,14 @@ def run(argv: list[str]) -> int:
         from mtp_mask_fix.apply import check
         from mtp_mask_fix.targets import resolve
 
-        verdict = check(resolve(args.target), Patch.load())
+        verdict = check(resolve(args.target), Patch.load(args.patch))
         print(verdict.message)
         return verdict.code
     if args.command == "apply":
         from mtp_mask_fix.apply import apply, make_branch
         from mtp_mask_fix.targets import resolve
 
-        target, patch = resolve(args.target), Patch.load()
+        target, patch = resolve(args.target), Patch.load(args.patch)
         print(
             make_branch(target, patch, args.branch)
             if args.branch
@@ -81,7 +84,7 @@ def run(argv: list[str]) -> int:
         from mtp_mask_fix.gate import gate
         from mtp_mask_fix.targets import SUPPORTED_RELEASES
 
-        return gate(args.release or list(SUPPORTED_RELEASES), args.checkout)
+        return gate(args.release or list(SUPPORTED_RELEASES), args.checkout, Patch.load(args.patch))
     if args.command == "refresh":
         from mtp_mask_fix.refresh import refresh
 

@@ -38,6 +38,7 @@ class Trees:
 
 
 def log(message: str) -> None:
+    """One progress line per step."""
     print(f"[gate] {message}", flush=True)
 
 
@@ -59,6 +60,7 @@ def _materialise(source: Path, dest: Path, diff: str, strip: int) -> None:
 
 
 def release_trees(version: str, patch: Patch, manifest: Manifest) -> Trees:
+    """The release as shipped (base), with the source hunks (patched), and with each hunk left out."""
     release = pypi_release(version)
     work = WORK / "gate" / version
     trees = Trees(release, fail_to_pass=manifest.fail_to_pass["unit"], pass_to_pass=manifest.pass_to_pass["unit"])
@@ -74,6 +76,7 @@ def release_trees(version: str, patch: Patch, manifest: Manifest) -> Trees:
 
 
 def checkout_trees(path: Path, patch: Patch, manifest: Manifest) -> Trees:
+    """HEAD of the checkout plus the test part (base), plus the whole patch (patched), and leave-one-out."""
     checkout = Target(str(path), require_git_checkout(path).resolve(), "git")
     head = git("rev-parse", "--short", "HEAD", cwd=checkout.root).stdout.strip()
     work = WORK / "gate" / f"checkout-{checkout.root.name}-{head}"
@@ -126,8 +129,9 @@ def _run_tree(trees: Trees, name: str) -> Run:
     return run
 
 
-def gate(releases: list[str], checkouts: list[Path]) -> int:
-    patch, manifest = Patch.load(), Manifest.load()
+def gate(releases: list[str], checkouts: list[Path], patch: Patch) -> int:
+    """Run every tree's tests (two pytest processes at a time), print the table; 0 only if all hold."""
+    manifest = Manifest.load()
     unknown = [v for v in releases if v not in SUPPORTED_RELEASES]
     if unknown:
         raise ToolError(f"unsupported release {unknown[0]} (supported: {', '.join(SUPPORTED_RELEASES)})")

@@ -11,7 +11,7 @@ from pathlib import Path
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-from mtp_mask_fix.errors import USAGE, ToolError
+from mtp_mask_fix.errors import ToolError
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -161,8 +161,3 @@ def first_error_line(git_stderr: str) -> str:
     """git apply's most telling line, e.g. `error: patch failed: src/.../gpt_step.py:571`."""
     lines = [line for line in git_stderr.splitlines() if line.startswith("error:")]
     return "; ".join(lines[:2]) if lines else git_stderr.splitlines()[0]
-
-
-def require(condition: bool, message: str, code: int = USAGE) -> None:
-    if not condition:
-        raise ToolError(message, code)

@@ -31,6 +31,7 @@ def mailinfo(patch: Patch) -> dict[str, str]:
 
 
 def base_commit(patch: Patch) -> str:
+    """The upstream commit the patch was made on (its `base-commit:` trailer)."""
     match = re.search(r"^base-commit: ([0-9a-f]{40})$", patch.text, re.M)
     if not match:
         raise ToolError(f"patch {patch.path} has no base-commit line; pass --base")

@@ -70,6 +70,7 @@ def resolve(spec: str | None) -> Target:
 
 
 def require_git_checkout(path: Path) -> Path:
+    """path, if it is the top of a Megatron-Bridge git checkout; else a ToolError."""
     if not Path(path).is_dir():
         raise ToolError(f"{path}: no such directory")
     if not _is_git_top(Path(path).resolve()):

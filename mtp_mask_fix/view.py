@@ -26,6 +26,7 @@ def render(base_file: Path, patch: Patch) -> str:
 
 
 def write_view() -> str:
+    """Write the view and the base beside it; returns a one-line summary."""
     version = pinned_versions()["megatron-bridge"]
     base = pypi_release(version).fixed_file
     text = render(base, Patch.load())

@@ -39,6 +39,7 @@ def _record(entry: dict) -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    """Record the outcome of each test body (or of its failed setup)."""
     outcome = yield
     report = outcome.get_result()
     if report.when == "call" or (report.when == "setup" and not report.passed):
@@ -57,6 +58,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collectreport(report):
+    """Record a collection error with its last `E` line (e.g. an ImportError)."""
     if report.failed:
         reason = [line for line in report.longreprtext.splitlines() if line.startswith("E ")][-1:] or ["?"]
         _record({"nodeid": report.nodeid, "outcome": f"error:collection: {reason[0][1:].strip()}", "gpt_step": None})
