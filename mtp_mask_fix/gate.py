@@ -12,13 +12,12 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtp_mask_fix.errors import FAILED, ToolError
 from mtp_mask_fix.patch import REPO, WORK, Patch, apply_diff, first_error_line, git
-from mtp_mask_fix.redgreen import Manifest, Run, problems, run_pytest, still_red
+from mtp_mask_fix.redgreen import Job, Manifest, Run, problems, run_many, still_red
 from mtp_mask_fix.targets import SUPPORTED_RELEASES, Target, pypi_release, require_git_checkout
 
 
@@ -118,15 +117,18 @@ def _collect(root: Path, files: list[str]) -> list[str]:
     return [line for line in result.stdout.splitlines() if "::" in line]
 
 
-def _run_tree(trees: Trees, name: str) -> Run:
+def _job(trees: Trees, name: str) -> Job:
     root = trees.roots[name]
     import_root = root / "src" if (root / "src").is_dir() else root
     env = {"PYTHONPATH": str(import_root), "MTP_FIX_GPT_STEP": "installed"}
-    run = run_pytest(trees.pytest_args, env=env, cwd=root if trees.run_inside_tree else REPO)
-    stray = {f for f in run.gpt_step_files if not Path(f).resolve().is_relative_to(import_root.resolve())}
+    return Job(trees.pytest_args, cwd=root if trees.run_inside_tree else REPO, env=env)
+
+
+def _check_imported(trees: Trees, name: str, run: Run) -> None:
+    import_root = _job(trees, name).env["PYTHONPATH"]
+    stray = {f for f in run.gpt_step_files if not Path(f).resolve().is_relative_to(Path(import_root).resolve())}
     if stray:
         raise ToolError(f"{trees.target.label} {name}: tests imported {sorted(stray)}, not the tree's gpt_step.py")
-    return run
 
 
 def gate(releases: list[str], checkouts: list[Path], patch: Patch) -> int:
@@ -155,17 +157,17 @@ def gate(releases: list[str], checkouts: list[Path], patch: Patch) -> int:
                 same_as[(id(trees), name)] = "base"
             else:
                 jobs.append((trees, name))
-    runs: dict[tuple[int, str], Run] = {}
 
-    def work(job):
-        trees, name = job
-        run = _run_tree(trees, name)
+    def done(index: int, run: Run) -> None:
+        trees, name = jobs[index]
         log(f"{trees.target.label} {name}: {len(run.outcomes)} tests in {run.seconds:.1f} s")
-        return job, run
 
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two cores here; each run is one pytest process
-        for (trees, name), run in pool.map(work, jobs):
-            runs[(id(trees), name)] = run
+    log(f"running {len(jobs)} pytest sessions, forked from one warm process")
+    results = run_many([_job(trees, name) for trees, name in jobs], done)
+    runs: dict[tuple[int, str], Run] = {}
+    for (trees, name), run in zip(jobs, results):
+        _check_imported(trees, name, run)
+        runs[(id(trees), name)] = run
     rows, failed = [], False
     for trees in all_trees:
         base, patched = runs[(id(trees), "base")], runs[(id(trees), "patched")]

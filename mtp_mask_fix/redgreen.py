@@ -11,9 +11,11 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtp_mask_fix.errors import FAILED, ToolError
 from mtp_mask_fix.patch import REPO
 
 
@@ -46,24 +48,82 @@ class Run:
     output: str = field(repr=False, default="")
 
 
+PYTEST_ARGS = ["-p", "mtp_mask_fix.harness.pytest_plugin", "-q", "-p", "no:cacheprovider"]
+
+
+@dataclass
+class Job:
+    """One pytest session to run: its arguments, working directory and extra environment."""
+
+    args: list[str]
+    cwd: Path = REPO
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _session_env(env: dict[str, str], outcomes_file: str) -> dict[str, str]:
+    merged = dict(env, MTP_FIX_OUTCOMES=outcomes_file)
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
+    return merged
+
+
+def _read_run(outcomes_file: Path, seconds: float, output: str) -> Run:
+    outcomes, files = {}, set()
+    if outcomes_file.exists():
+        for line in outcomes_file.read_text().splitlines():
+            entry = json.loads(line)
+            outcomes[entry["nodeid"]] = entry["outcome"]
+            if entry["gpt_step"]:
+                files.add(entry["gpt_step"])
+    return Run(outcomes, files, seconds, output)
+
+
 def run_pytest(args: list[str], *, cwd: Path = REPO, env: dict[str, str] | None = None) -> Run:
     """Run pytest in a fresh process (each selects its gpt_step.py before importing Bridge)."""
-    with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as handle:
-        outcomes_file = handle.name
-    full_env = dict(os.environ, **(env or {}), MTP_FIX_OUTCOMES=outcomes_file)
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (full_env.get("PYTHONPATH"), str(REPO)) if p)
-    cmd = [sys.executable, "-m", "pytest", "-p", "mtp_mask_fix.harness.pytest_plugin", "-q", "-p", "no:cacheprovider"]
-    start = time.monotonic()
-    result = subprocess.run([*cmd, *args], cwd=cwd, env=full_env, capture_output=True, text=True)
-    seconds = time.monotonic() - start
-    outcomes, files = {}, set()
-    for line in Path(outcomes_file).read_text().splitlines():
-        entry = json.loads(line)
-        outcomes[entry["nodeid"]] = entry["outcome"]
-        if entry["gpt_step"]:
-            files.add(entry["gpt_step"])
-    os.unlink(outcomes_file)
-    return Run(outcomes, files, seconds, result.stdout + result.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        outcomes_file = Path(tmp) / "outcomes.jsonl"
+        full_env = dict(os.environ, **_session_env(env or {}, str(outcomes_file)))
+        start = time.monotonic()
+        cmd = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *args]
+        result = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True)
+        return _read_run(outcomes_file, time.monotonic() - start, result.stdout + result.stderr)
+
+
+def run_many(jobs: list[Job], on_done: Callable[[int, Run], None] | None = None) -> list[Run]:
+    """Run the jobs from one warm process that forks a child per job (see warm_pytest)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = [
+            {
+                "args": [*PYTEST_ARGS, *job.args],
+                "cwd": str(job.cwd),
+                "env": _session_env(job.env, f"{tmp}/{index}.jsonl"),
+                "log": f"{tmp}/{index}.log",
+            }
+            for index, job in enumerate(jobs)
+        ]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "mtp_mask_fix.warm_pytest"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        runner.stdin.write(json.dumps(specs))
+        runner.stdin.close()
+        runs: list[Run | None] = [None] * len(jobs)
+        for line in runner.stdout:
+            done = json.loads(line)
+            index = done["job"]
+            output = Path(specs[index]["log"]).read_text(errors="replace")
+            runs[index] = _read_run(Path(specs[index]["env"]["MTP_FIX_OUTCOMES"]), done["seconds"], output)
+            if on_done:
+                on_done(index, runs[index])
+        stderr = runner.stderr.read()
+        if runner.wait() != 0 or any(run is None for run in runs):
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+            raise ToolError(f"the pytest runner failed: {tail}", FAILED)
+        return runs
 
 
 def problems(base: Run | None, patched: Run, fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str]:

@@ -1,0 +1,62 @@
+"""Run several pytest sessions from one warm process: import the third-party stack once, fork per session.
+
+`python -m mtp_mask_fix.warm_pytest` reads a JSON list of jobs ({args, cwd, env}) on stdin and prints one
+JSON line per finished job ({job, exit, seconds}). Nothing of megatron.bridge is imported before the fork:
+each child puts its own tree on sys.path and its plugin selects its own gpt_step.py, exactly as a fresh
+process would. What is shared (torch, megatron.core, megatron.training, transformers, modelopt) is the same
+for every tree, and importing it is most of a session's start-up.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def _warm_up() -> None:
+    from mtp_mask_fix.harness import cpu_shims
+
+    cpu_shims.install()  # imports megatron.core first, as every session does
+    import megatron.training  # noqa: F401
+    import modelopt.torch.distill  # noqa: F401
+    import pytest  # noqa: F401
+    import transformers  # noqa: F401
+
+
+def _child(job: dict) -> None:
+    os.chdir(job["cwd"])
+    os.environ.update(job["env"])
+    paths = [entry for entry in job["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[:0] = paths  # PYTHONPATH is read only at interpreter start
+    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    import pytest
+
+    code = pytest.main(job["args"])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))
+
+
+def main() -> None:
+    """Fork one child per job, at most `parallel` at a time."""
+    jobs = json.load(sys.stdin)
+    parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
+    _warm_up()
+    pending, running = list(enumerate(jobs)), {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            index, job = pending.pop(0)
+            pid = os.fork()
+            if pid == 0:
+                _child(job)
+            running[pid] = (index, time.monotonic())
+        pid, status = os.wait()
+        index, started = running.pop(pid)
+        result = {"job": index, "exit": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - started}
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
