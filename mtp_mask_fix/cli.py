@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate = sub.add_parser("gate", help="red/green on base and patched trees of each target; non-zero on failure")
     gate.add_argument("--release", action="append", help="PyPI release to gate (repeatable; default: all supported)")
     gate.add_argument("--checkout", action="append", type=Path, default=[], help="also gate an upstream checkout")
+    gate.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
+    gate.add_argument(
+        "--python", default=sys.executable, help="interpreter whose megatron-core matches the targets (e.g. main's)"
+    )
 
     refresh = sub.add_parser("refresh", help="regenerate the patch from an upstream checkout and this repo's tests")
     refresh.add_argument("--upstream", type=Path, required=True, help="Megatron-Bridge git checkout")
@@ -84,7 +88,8 @@ def run(argv: list[str]) -> int:
         from mtp_mask_fix.gate import gate
         from mtp_mask_fix.targets import SUPPORTED_RELEASES
 
-        return gate(args.release or list(SUPPORTED_RELEASES), args.checkout, Patch.load(args.patch))
+        releases = [] if args.checkouts_only else args.release or list(SUPPORTED_RELEASES)
+        return gate(releases, args.checkout, Patch.load(args.patch), args.python)
     if args.command == "refresh":
         from mtp_mask_fix.refresh import refresh
 

@@ -74,7 +74,7 @@ def release_trees(version: str, patch: Patch, manifest: Manifest) -> Trees:
     return trees
 
 
-def checkout_trees(path: Path, patch: Patch, manifest: Manifest) -> Trees:
+def checkout_trees(path: Path, patch: Patch, manifest: Manifest, python: str) -> Trees:
     """HEAD of the checkout plus the test part (base), plus the whole patch (patched), and leave-one-out."""
     checkout = Target(str(path), require_git_checkout(path).resolve(), "git")
     head = git("rev-parse", "--short", "HEAD", cwd=checkout.root).stdout.strip()
@@ -96,7 +96,7 @@ def checkout_trees(path: Path, patch: Patch, manifest: Manifest) -> Trees:
         _materialise(pristine, work / f"without-{index + 1}", patch.part(hunks_left_out=(hunk,)), 1)
         trees.roots[name] = work / f"without-{index + 1}"
     ours = [nodeid for nodeid in manifest.fail_to_pass["unit"] if nodeid.startswith("tests/unit_tests/")]
-    present = set(_collect(trees.roots["patched"], list(UPSTREAM_TEST_FILES)))
+    present = set(_collect(trees.roots["patched"], list(UPSTREAM_TEST_FILES), python))
     trees.fail_to_pass = ours + [nodeid for nodeid in manifest.fail_to_pass["upstream"] if nodeid in present]
     trees.pass_to_pass = [n for n in manifest.pass_to_pass["unit"] if n.startswith("tests/unit_tests/")]
     trees.pass_to_pass += sorted(present - set(trees.fail_to_pass))
@@ -105,9 +105,9 @@ def checkout_trees(path: Path, patch: Patch, manifest: Manifest) -> Trees:
     return trees
 
 
-def _collect(root: Path, files: list[str]) -> list[str]:
+def _collect(root: Path, files: list[str], python: str) -> list[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", "-p", "no:cacheprovider"]
+        [python, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", "-p", "no:cacheprovider"]
         + ["-p", "mtp_mask_fix.harness.pytest_plugin", *files],
         cwd=root,
         capture_output=True,
@@ -131,7 +131,7 @@ def _check_imported(trees: Trees, name: str, run: Run) -> None:
         raise ToolError(f"{trees.target.label} {name}: tests imported {sorted(stray)}, not the tree's gpt_step.py")
 
 
-def gate(releases: list[str], checkouts: list[Path], patch: Patch) -> int:
+def gate(releases: list[str], checkouts: list[Path], patch: Patch, python: str = sys.executable) -> int:
     """Run every tree's tests (two pytest processes at a time), print the table; 0 only if all hold."""
     manifest = Manifest.load()
     unknown = [v for v in releases if v not in SUPPORTED_RELEASES]
@@ -146,7 +146,7 @@ def gate(releases: list[str], checkouts: list[Path], patch: Patch) -> int:
         all_trees.append(release_trees(version, patch, manifest))
     for path in checkouts:
         log(f"{path}: materialising base (tests only), patched and leave-one-hunk-out trees")
-        all_trees.append(checkout_trees(path, patch, manifest))
+        all_trees.append(checkout_trees(path, patch, manifest, python))
 
     # A leave-one-out tree identical to base (a single-hunk patch) reuses base's run instead of repeating it.
     jobs, same_as = [], {}
@@ -163,7 +163,7 @@ def gate(releases: list[str], checkouts: list[Path], patch: Patch) -> int:
         log(f"{trees.target.label} {name}: {len(run.outcomes)} tests in {run.seconds:.1f} s")
 
     log(f"running {len(jobs)} pytest sessions, forked from one warm process")
-    results = run_many([_job(trees, name) for trees, name in jobs], done)
+    results = run_many([_job(trees, name) for trees, name in jobs], done, python)
     runs: dict[tuple[int, str], Run] = {}
     for (trees, name), run in zip(jobs, results):
         _check_imported(trees, name, run)

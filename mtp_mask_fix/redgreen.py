@@ -88,8 +88,10 @@ def run_pytest(args: list[str], *, cwd: Path = REPO, env: dict[str, str] | None 
         return _read_run(outcomes_file, time.monotonic() - start, result.stdout + result.stderr)
 
 
-def run_many(jobs: list[Job], on_done: Callable[[int, Run], None] | None = None) -> list[Run]:
-    """Run the jobs from one warm process that forks a child per job (see warm_pytest)."""
+def run_many(
+    jobs: list[Job], on_done: Callable[[int, Run], None] | None = None, python: str = sys.executable
+) -> list[Run]:
+    """Run the jobs from one warm `python` process that forks a child per job (see warm_pytest)."""
     with tempfile.TemporaryDirectory() as tmp:
         specs = [
             {
@@ -102,7 +104,7 @@ def run_many(jobs: list[Job], on_done: Callable[[int, Run], None] | None = None)
         ]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
         runner = subprocess.Popen(
-            [sys.executable, "-m", "mtp_mask_fix.warm_pytest"],
+            [python, "-m", "mtp_mask_fix.warm_pytest"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
