@@ -5,6 +5,7 @@ Exit codes: 0 ok (check: the patch applies, the bug is present) Â· 2 bad input Â
 """
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
@@ -88,6 +89,10 @@ def run(argv: list[str]) -> int:
         from mtp_mask_fix.gate import gate
         from mtp_mask_fix.targets import SUPPORTED_RELEASES
 
+        if args.checkouts_only and not args.checkout:
+            raise ToolError("--checkouts-only needs at least one --checkout DIR")
+        if shutil.which(args.python) is None:
+            raise ToolError(f"--python {args.python}: no such interpreter")
         releases = [] if args.checkouts_only else args.release or list(SUPPORTED_RELEASES)
         return gate(releases, args.checkout, Patch.load(args.patch), args.python)
     if args.command == "refresh":
