@@ -51,6 +51,21 @@ def _stub_transformer_engine() -> None:
 GPT_STEP_MODULE = "megatron.bridge.training.gpt_step"
 
 
+def gpt_step_under_test() -> str | None:
+    """The gpt_step.py that MTP_FIX_GPT_STEP selects (None: leave the import as is).
+
+    unset        this repo's generated view, src/megatron/bridge/training/gpt_step.py (base + patch)
+    a file path  that file (the red/green check points it at the unpatched base)
+    "installed"  whatever `megatron.bridge` is importable (the gate puts a whole tree on PYTHONPATH)
+    """
+    from mtp_mask_fix.patch import VIEW
+
+    choice = os.environ.get("MTP_FIX_GPT_STEP", "")
+    if choice == "installed":
+        return None
+    return choice or str(VIEW)
+
+
 class _GptStepRedirect(importlib.abc.MetaPathFinder):
     """Loads megatron.bridge.training.gpt_step from one chosen file; every other module as installed."""
 

@@ -1,10 +1,7 @@
 """pytest plugin (loaded with `-p mtp_mask_fix.harness.pytest_plugin`; pyproject adds it here).
 
 1. CPU shims, before any test module imports megatron.bridge.
-2. MTP_FIX_GPT_STEP selects the gpt_step.py under test:
-     unset        this repo's generated view, src/megatron/bridge/training/gpt_step.py (base + patch)
-     a file path  that file (the red/green check points it at the unpatched base)
-     "installed"  whatever `megatron.bridge` is importable (the gate puts a whole tree on PYTHONPATH)
+2. MTP_FIX_GPT_STEP selects the gpt_step.py under test (see cpu_shims.gpt_step_under_test).
 3. MTP_FIX_OUTCOMES=FILE records each test's outcome as JSON lines, telling an assertion failure from any
    other error, and which gpt_step.py file was really exercised.
 """
@@ -16,18 +13,10 @@ import sys
 import pytest
 
 from mtp_mask_fix.harness import cpu_shims
-from mtp_mask_fix.patch import VIEW
-
-
-def _gpt_step_under_test():
-    choice = os.environ.get("MTP_FIX_GPT_STEP", "")
-    if choice == "installed":
-        return None
-    return choice or str(VIEW)
 
 
 cpu_shims.install()
-cpu_shims.select_gpt_step(_gpt_step_under_test())
+cpu_shims.select_gpt_step(cpu_shims.gpt_step_under_test())
 
 
 def _record(entry: dict) -> None:

@@ -1,0 +1,240 @@
+"""The MTP loss of a real GPTModel, stepped through Bridge's gpt_step.forward_step, honours the loss mask (#6103).
+
+A tiny fp32 megatron-core GPTModel with MTP runs on CPU (gloo) through the real get_batch, forward_step, core's
+schedule and process_mtp_loss, on answer-only SFT batches (prompt, 2 to 5 loss tokens, padding to the longest
+sample, label-aligned mask). The harness pytest plugin selects the gpt_step.py under test (MTP_FIX_GPT_STEP).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import megatron.bridge.training.gpt_step as gpt_step
+from mtp_mask_fix.harness import tiny_mtp
+from mtp_mask_fix.patch import BASE_FILE, REPO
+
+
+MTP_DEPTHS = [(1, 1), (2, 1), (2, 2)]  # (mtp_num_layers, depth)
+REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """World size 1, TP 1, for this module only."""
+    tiny_mtp.init_distributed(1)
+    yield
+    tiny_mtp.shutdown_distributed()
+
+
+@pytest.fixture(scope="module")
+def models(one_rank):
+    return {k: tiny_mtp.build_model(k) for k in (0, 1, 2)}
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return tiny_mtp.make_sft_batch()
+
+
+@pytest.fixture(scope="module")
+def perturbed(batch):
+    return tiny_mtp.perturb_masked_positions(batch)
+
+
+@pytest.fixture(scope="module")
+def steps(models, batch):
+    return {k: tiny_mtp.run_step(model, batch) for k, model in models.items()}
+
+
+@pytest.fixture(scope="module")
+def perturbed_steps(models, perturbed):
+    return {k: tiny_mtp.run_step(model, perturbed) for k, model in models.items()}
+
+
+@pytest.fixture(scope="module")
+def unpatched_gpt_step():
+    assert BASE_FILE.is_file(), f"{BASE_FILE} missing: run ./run setup"
+    return tiny_mtp.load_gpt_step(BASE_FILE, "_functional_gpt_step_unpatched")
+
+
+def _changed_grads(a, b):
+    assert a.keys() == b.keys()
+    return [name for name in a if not torch.equal(a[name], b[name])]
+
+
+class TestBatchShape:
+    """The batches are the report's SFT shape; the perturbation only touches what a correct mask ignores."""
+
+    def test_sft_batch_is_answer_only_and_label_aligned(self, batch):
+        tokens, labels, mask = batch["tokens"], batch["labels"], batch["loss_mask"]
+        lengths = [p + a - 1 for p, a in tiny_mtp.SFT_SAMPLES]
+        assert tokens.shape[1] == max(lengths)
+        for row, ((prompt, answer), length) in enumerate(zip(tiny_mtp.SFT_SAMPLES, lengths)):
+            assert 2 <= answer <= 5 and mask[row].sum() == answer
+            assert torch.equal(labels[row, : length - 1], tokens[row, 1:length])  # labels = tokens shifted by one
+            assert mask[row].nonzero().flatten().tolist() == list(range(prompt - 1, prompt - 1 + answer))
+            assert (tokens[row, length:] == tiny_mtp.PAD).all() and (labels[row, length - 1 :] == tiny_mtp.PAD).all()
+
+    def test_perturbation_touches_only_masked_labels_and_tokens_after_the_answer(self, batch, perturbed):
+        mask = batch["loss_mask"].bool()
+        assert torch.equal(perturbed["labels"][mask], batch["labels"][mask])
+        assert not torch.equal(perturbed["labels"][~mask], batch["labels"][~mask])
+        for row in range(mask.shape[0]):
+            last_loss = int(mask[row].nonzero().max())
+            # Tokens up to last_loss + 1 (the last answer token) feed positions that carry loss.
+            assert torch.equal(perturbed["tokens"][row, : last_loss + 2], batch["tokens"][row, : last_loss + 2])
+        assert not torch.equal(perturbed["tokens"], batch["tokens"])
+
+
+class TestGradientInvariance:
+    """Labels at masked positions and tokens after the answer must not reach the loss or any gradient.
+
+    Why this is exact with the fix: under causal attention a token at position j only influences positions >= j;
+    MTP depth k at position t embeds token t + k and counts only if loss_mask[t + k] = 1. Every changed token
+    sits after the last loss label + 1, so every position that carries loss (LM or MTP) sees bit-identical
+    inputs, and the changed labels are multiplied by an exact 0 mask. Without the fix core counts every label
+    (all-ones mask), so the changed padding and prompt labels enter the MTP loss: see
+    test_perturbation_changes_the_ce_an_all_ones_mask_would_count.
+    """
+
+    @pytest.mark.parametrize("mtp_num_layers", [1, 2])
+    def test_every_gradient_is_unchanged(self, steps, perturbed_steps, mtp_num_layers):
+        changed = _changed_grads(steps[mtp_num_layers].grads, perturbed_steps[mtp_num_layers].grads)
+        assert changed == [], f"{len(changed)} of {len(steps[mtp_num_layers].grads)} gradients changed"
+
+    @pytest.mark.parametrize("mtp_num_layers", [1, 2])
+    def test_logged_losses_are_unchanged(self, steps, perturbed_steps, mtp_num_layers):
+        assert perturbed_steps[mtp_num_layers].lm_loss == steps[mtp_num_layers].lm_loss
+        assert perturbed_steps[mtp_num_layers].mtp_losses == steps[mtp_num_layers].mtp_losses
+
+    @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
+    def test_perturbation_changes_the_ce_an_all_ones_mask_would_count(
+        self, batch, perturbed, steps, perturbed_steps, mtp_num_layers, depth
+    ):
+        """The invariance above is not vacuous: masked-position CE moves, loss-position CE does not."""
+        mask = tiny_mtp.mtp_mask(batch["loss_mask"], depth).bool()
+        ce = tiny_mtp.mtp_ce_per_position(steps[mtp_num_layers].mtp_logits[depth - 1], batch["labels"], depth)
+        ce_perturbed = tiny_mtp.mtp_ce_per_position(
+            perturbed_steps[mtp_num_layers].mtp_logits[depth - 1], perturbed["labels"], depth
+        )
+        assert torch.equal(ce_perturbed[mask], ce[mask])
+        assert not torch.allclose(ce_perturbed[~mask], ce[~mask])
+
+
+class TestLoggedMtpLoss:
+    """The MTP loss core logs is the masked CE of depth k, whose target at t is labels[t + k]."""
+
+    @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
+    def test_logged_mtp_loss_is_the_masked_cross_entropy(self, batch, steps, mtp_num_layers, depth):
+        step = steps[mtp_num_layers]
+        expected = tiny_mtp.reference_mtp_loss(step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth)
+        unmasked = tiny_mtp.reference_mtp_loss(
+            step.mtp_logits[depth - 1], batch["labels"], torch.ones_like(batch["loss_mask"]), depth
+        )
+        assert step.mtp_losses[depth - 1] == pytest.approx(expected, rel=REL), f"an all-ones mask gives {unmasked:.6f}"
+
+    @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
+    def test_logged_mtp_loss_is_not_the_once_more_shifted_mask_value(self, batch, steps, mtp_num_layers, depth):
+        """Tells the right alignment from a double shift (the mask rolled before core rolls it again)."""
+        step = steps[mtp_num_layers]
+        logits, labels, mask = step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"]
+        shifted = tiny_mtp.reference_mtp_loss(logits, labels, mask, depth, mask_offset=1)
+        assert shifted != pytest.approx(tiny_mtp.reference_mtp_loss(logits, labels, mask, depth), rel=100 * REL)
+        assert step.mtp_losses[depth - 1] != pytest.approx(shifted, rel=100 * REL)
+
+    @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
+    def test_mtp_gradient_weight_is_zero_exactly_at_masked_positions(self, batch, steps, mtp_num_layers, depth):
+        """Each position's weight in the step loss (gradient reaching its CE) follows the rolled loss mask."""
+        weights = steps[mtp_num_layers].mtp_loss_weights[depth - 1]
+        seq = batch["labels"].shape[1]
+        kept = weights[:, tiny_mtp.mtp_positions(seq, depth)]
+        mask = tiny_mtp.mtp_mask(batch["loss_mask"], depth)
+        wrong = ((kept != 0) != mask.bool()).nonzero().tolist()
+        assert wrong == [], f"{len(wrong)} positions weighted against the mask, (row, position): {wrong[:8]}"
+        assert (weights[:, seq - depth :] == 0).all()  # core zeroes the rolled-in tail
+
+
+class TestLanguageModelLossUnchanged:
+    """The patch only reaches the MTP loss: the LM loss, and everything without MTP, are as in the unpatched file."""
+
+    @pytest.mark.parametrize("mtp_num_layers", [0, 1, 2])
+    def test_lm_loss_equals_unpatched(self, models, batch, steps, unpatched_gpt_step, mtp_num_layers):
+        unpatched = tiny_mtp.run_step(models[mtp_num_layers], batch, unpatched_gpt_step)
+        assert steps[mtp_num_layers].lm_loss == unpatched.lm_loss
+        assert torch.equal(steps[mtp_num_layers].lm_logits, unpatched.lm_logits)
+
+    def test_without_mtp_every_gradient_equals_unpatched(self, models, batch, steps, unpatched_gpt_step):
+        unpatched = tiny_mtp.run_step(models[0], batch, unpatched_gpt_step)
+        assert _changed_grads(steps[0].grads, unpatched.grads) == []
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tp2_ranks(tmp_path_factory):
+    """Run the harness suite under torchrun, 2 ranks, tensor parallel 2, with this process's gpt_step choice."""
+    out = tmp_path_factory.mktemp("tp2")
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "mtp_mask_fix.harness.tiny_mtp",
+        "--mode",
+        "suite",
+        "--out",
+        str(out),
+    ]
+    # os.environ carries MTP_FIX_GPT_STEP, so the workers load the same gpt_step.py as this process.
+    proc = subprocess.run(command, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+class TestTensorParallel2:
+    """The same checks on 2 ranks with tensor parallel 2 (vocab-parallel logits and CE)."""
+
+    def test_workers_ran_the_gpt_step_under_test(self, tp2_ranks):
+        assert [r["tensor_parallel"] for r in tp2_ranks] == [2, 2]
+        assert [r["gpt_step_file"] for r in tp2_ranks] == [gpt_step.__file__] * 2
+
+    def test_every_gradient_is_unchanged_on_every_rank(self, tp2_ranks):
+        for rank in tp2_ranks:
+            for k in ("1", "2"):
+                assert rank[k]["grads_equal_under_perturbation"], f"rank {rank['rank']}, mtp_num_layers {k}"
+                assert rank[k]["perturbed_lm_loss"] == rank[k]["lm_loss"]
+                assert rank[k]["perturbed_mtp_losses"] == rank[k]["mtp_losses"]
+
+    def test_logged_mtp_loss_is_the_masked_cross_entropy(self, tp2_ranks):
+        for rank in tp2_ranks:
+            for k in ("1", "2"):
+                logged, expected = rank[k]["mtp_losses"], rank[k]["reference_masked"]
+                assert logged == pytest.approx(expected, rel=REL), f"rank {rank['rank']}, mtp_num_layers {k}"
+
+    def test_logged_mtp_loss_is_not_the_once_more_shifted_mask_value(self, tp2_ranks):
+        for rank in tp2_ranks:
+            for k in ("1", "2"):
+                for logged, shifted in zip(rank[k]["mtp_losses"], rank[k]["reference_mask_shifted"]):
+                    assert logged != pytest.approx(shifted, rel=100 * REL)
+
+    def test_losses_equal_the_one_rank_run(self, tp2_ranks, steps):
+        for rank in tp2_ranks:
+            for k in (1, 2):
+                assert rank[str(k)]["lm_loss"] == pytest.approx(steps[k].lm_loss, rel=REL)
+                assert rank[str(k)]["mtp_losses"] == pytest.approx(steps[k].mtp_losses, rel=REL)
+                assert rank[str(k)]["grad_norm"] == pytest.approx(steps[k].grad_norm, rel=REL)
