@@ -52,6 +52,9 @@ def fix_present(source: str) -> bool:
                 pairs = zip(node.keys, node.values)
                 if any(_is_loss_mask_key(k) and _is_loss_mask_name(v) for k, v in pairs):
                     return True
+            if isinstance(node, ast.Assign) and _is_loss_mask_name(node.value):
+                if any(isinstance(t, ast.Subscript) and _is_loss_mask_key(t.slice) for t in node.targets):
+                    return True  # forward_args["loss_mask"] = loss_mask
             if isinstance(node, ast.Call) and any(
                 kw.arg == "loss_mask" and _is_loss_mask_name(kw.value) for kw in node.keywords
             ):
@@ -206,14 +209,26 @@ def make_branch(target: Target, patch: Patch, branch: str) -> str:
     verdict = check(target, patch)
     if verdict.code != APPLIES:
         raise ToolError(verdict.message, verdict.code)
-    start = git("rev-parse", "--abbrev-ref", "HEAD", cwd=target.root).stdout.strip()
+    touched = _touched(diff_for(target, patch))
+    if git("diff", "--quiet", "--", *touched, cwd=target.root, check=False).returncode != 0:
+        raise ToolError(
+            f"{target.label}: uncommitted changes in files the patch touches; commit or stash them", DRIFTED
+        )
+    head = git("rev-parse", "HEAD", cwd=target.root).stdout.strip()
+    start = git("symbolic-ref", "--quiet", "--short", "HEAD", cwd=target.root, check=False).stdout.strip()
     git("switch", "--quiet", "-c", branch, cwd=target.root)
     am = git("am", "--quiet", "-s", str(patch.path), cwd=target.root, check=False)
-    if am.returncode != 0:
-        git("am", "--abort", cwd=target.root, check=False)
-        git("switch", "--quiet", start, cwd=target.root, check=False)
-        git("branch", "--quiet", "-D", branch, cwd=target.root, check=False)
-        raise ToolError(f"{target.label}: git am failed: {first_error_line(am.stderr)}", DRIFTED)
     # The submitter authors the upstream commit; the mailbox's From is only this repo's placeholder.
-    git("commit", "--quiet", "--amend", "--no-edit", "--reset-author", cwd=target.root)
+    # --no-verify: the commit is git am's, already made; a local pre-commit hook must not half-finish it.
+    amend = None
+    if am.returncode == 0:
+        amend = git(
+            "commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=target.root, check=False
+        )
+    if am.returncode != 0 or amend.returncode != 0:
+        git("am", "--abort", cwd=target.root, check=False)
+        git("switch", "--quiet", *([start] if start else ["--detach", head]), cwd=target.root, check=False)
+        git("branch", "--quiet", "-D", branch, cwd=target.root, check=False)
+        failed = am if am.returncode != 0 else amend
+        raise ToolError(f"{target.label}: git failed: {first_error_line(failed.stderr)}; nothing changed", DRIFTED)
     return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `mtp-mask-fix pr`"

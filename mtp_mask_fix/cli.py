@@ -6,10 +6,11 @@ Exit codes: 0 ok (check: the patch applies, the bug is present) Â· 2 bad input Â
 
 import argparse
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
-from mtp_mask_fix.errors import USAGE, ToolError
+from mtp_mask_fix.errors import FAILED, USAGE, ToolError
 
 
 TARGET_HELP = (
@@ -126,6 +127,10 @@ def main(argv: list[str] | None = None) -> None:
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         code = exc.code
+    except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
+        reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]
+        print(f"mtp-mask-fix: error: {' '.join(exc.cmd[:2])} failed: {reason[-1]}", file=sys.stderr)
+        code = FAILED
     except KeyboardInterrupt:
         code = USAGE
     sys.exit(code)

@@ -64,16 +64,35 @@ class Patch:
             raise ToolError(f"patch {path} has CRLF line endings; restore it with `git checkout -- {path}`")
         text = raw.decode("utf-8", errors="replace")
         patch = cls(path, text)
-        patch.files()  # validates the diff part
+        patch.validate()
         return patch
+
+    def validate(self) -> None:
+        """The diff parses, and matches the mailbox's own diffstat (catches a patch cut at a file boundary)."""
+        patch_set = self.files()
+        stat = re.search(
+            r"^ (\d+) files? changed(?:, (\d+) insertions?\(\+\))?(?:, (\d+) deletions?\(-\))?$", self.text, re.M
+        )
+        if stat:
+            expected = tuple(int(n or 0) for n in stat.groups())
+            found = (len(patch_set), patch_set.added, patch_set.removed)
+            if expected != found:
+                raise ToolError(
+                    f"patch {self.path} is corrupted: its diffstat says {expected[0]} files, +{expected[1]} -{expected[2]}"
+                    f" but its diff holds {found[0]} files, +{found[1]} -{found[2]}"
+                )
 
     @property
     def diff(self) -> str:
+        """The `diff --git` sections alone: no message, no signature, no `base-commit:` trailer."""
         start = self.text.find("\ndiff --git ")
         if start < 0:
             raise ToolError(f"patch {self.path} is corrupted: it holds no `diff --git` section")
-        end = self.text.find("\n-- \n", start)  # format-patch signature, absent with --no-signature
-        return self.text[start + 1 : end + 1 if end >= 0 else len(self.text)]
+        end = len(self.text)
+        for trailer in ("\n-- \n", "\n\nbase-commit: "):  # format-patch signature; the --base trailer
+            found = self.text.find(trailer, start)
+            end = min(end, found) if found >= 0 else end
+        return self.text[start + 1 : end + 1]
 
     def files(self) -> PatchSet:
         try:
@@ -160,4 +179,4 @@ def apply_diff(diff: str, root: Path, *, strip: int = 1, reverse: bool = False, 
 def first_error_line(git_stderr: str) -> str:
     """git apply's most telling line, e.g. `error: patch failed: src/.../gpt_step.py:571`."""
     lines = [line for line in git_stderr.splitlines() if line.startswith("error:")]
-    return "; ".join(lines[:2]) if lines else git_stderr.splitlines()[0]
+    return "; ".join(lines[:2]) if lines else (git_stderr.strip().splitlines() or ["git gave no reason"])[0]

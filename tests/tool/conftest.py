@@ -1,0 +1,246 @@
+"""Fixtures for the tool's tests: throwaway Megatron-Bridge-shaped targets built in tmp_path at run time.
+
+No upstream code is committed here. gpt_step.py is copied from the PyPI release (downloaded and cached by
+`mtp_mask_fix.targets.pypi_release`); upstream's tests/unit_tests/training/test_gpt_step.py is synthesized
+from the patch's own hunk for that file (its context and removed lines, the only upstream lines we carry).
+"""
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from mtp_mask_fix.patch import BASE_FILE, REPO, VIEW, Patch
+from mtp_mask_fix.targets import pypi_release
+
+
+RELEASE = "0.6.2"
+FIXED = "src/megatron/bridge/training/gpt_step.py"
+UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"
+NEW_TEST = "tests/unit_tests/training/test_gpt_step_loss_mask.py"
+UPSTREAM_AUTHOR = ("Upstream Dev", "upstream@example.org")
+SUBMITTER = ("Ada Submitter", "ada@example.org")
+
+
+@dataclass
+class Tree:
+    """A throwaway target: its root, its kind ("installed", "tree" or "git") and the gpt_step.py in it."""
+
+    root: Path
+    kind: str
+
+    @property
+    def gpt_step(self) -> Path:
+        return self.root / (FIXED if self.kind != "installed" else FIXED.removeprefix("src/"))
+
+    @property
+    def upstream_test(self) -> Path:
+        return self.root / UPSTREAM_TEST
+
+    @property
+    def new_test(self) -> Path:
+        return self.root / NEW_TEST
+
+
+# --- the carried patch and the upstream files it is applied to ------------------------------------
+
+
+@pytest.fixture(scope="session")
+def patch() -> Patch:
+    """The committed patch, first in patches/series."""
+    return Patch.load()
+
+
+@pytest.fixture(scope="session")
+def release():
+    """The pinned PyPI release as a site-packages-shaped Target (downloaded once into .work/pypi/)."""
+    return pypi_release(RELEASE)
+
+
+@pytest.fixture(scope="session")
+def release_gpt_step(release) -> str:
+    """The release's gpt_step.py, unpatched."""
+    return release.fixed_file.read_text()
+
+
+@pytest.fixture(scope="session")
+def upstream_test_text(patch) -> str:
+    """upstream's test_gpt_step.py as far as we carry it: filler up to the hunk, then its old lines."""
+    (patched_file,) = [f for f in patch.files() if f.path == UPSTREAM_TEST]
+    (hunk,) = list(patched_file)
+    filler = [f"# upstream line {n} (not carried here)\n" for n in range(1, hunk.source_start)]
+    return "".join(filler + [line.value for line in hunk if line.is_context or line.is_removed])
+
+
+@pytest.fixture(scope="session")
+def view_file(patch) -> Path:
+    """The generated view (./run setup writes it with the base beside it); written here if missing."""
+    if not VIEW.is_file() or not BASE_FILE.is_file():
+        from mtp_mask_fix.view import write_view
+
+        write_view()
+    return VIEW
+
+
+# --- running the tool and git as a user would -------------------------------------------------------
+
+
+@pytest.fixture
+def home(tmp_path) -> Path:
+    """An empty HOME, so that no global git config (identity, hooks, signing) leaks in."""
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def tool_env(home) -> dict:
+    """The environment the tool runs in: isolated git config, no inherited git identity or repo."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k == "GIT_SSL_CAINFO"}
+    env.update(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", XDG_CONFIG_HOME=str(home / ".config"))
+    return env
+
+
+@pytest.fixture
+def cli(tool_env, tmp_path):
+    """Run `python -m mtp_mask_fix ARGS` from tmp_path (or cwd); returns the CompletedProcess."""
+
+    def run(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "mtp_mask_fix", *map(str, args)],
+            cwd=cwd or tmp_path,
+            env=env or tool_env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    return run
+
+
+@pytest.fixture
+def git(tool_env):
+    """Run git in a directory as the upstream developer (`git -c` identity); returns stdout, raises on failure."""
+
+    def run(cwd, *args, check=True) -> str:
+        cmd = ["git", "-c", f"user.name={UPSTREAM_AUTHOR[0]}", "-c", f"user.email={UPSTREAM_AUTHOR[1]}", *args]
+        result = subprocess.run(cmd, cwd=cwd, env=tool_env, capture_output=True, text=True)
+        if check and result.returncode != 0:
+            raise AssertionError(f"git {' '.join(args)} failed: {result.stderr}")
+        return result.stdout
+
+    return run
+
+
+@pytest.fixture
+def snapshot():
+    """sha256 of every file under the given roots (relative path -> digest, file mode included)."""
+
+    def take(*roots: Path) -> dict[str, str]:
+        digests = {}
+        for root in roots:
+            for path in sorted(Path(root).rglob("*")):
+                if path.is_file() and not path.is_symlink():
+                    data = path.read_bytes() + oct(path.stat().st_mode).encode()
+                    digests[str(path)] = hashlib.sha256(data).hexdigest()
+        return digests
+
+    return take
+
+
+@pytest.fixture
+def refused():
+    """Assert the tool refused the way every refusal must: one `mtp-mask-fix: error:` line, the exit code."""
+
+    def check(result: subprocess.CompletedProcess, code: int, *words: str) -> str:
+        assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+        assert result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("mtp-mask-fix: error: "), lines[0]
+        for word in words:
+            assert word in lines[0]
+        return lines[0]
+
+    return check
+
+
+# --- targets ------------------------------------------------------------------------------------------
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def site_packages(tmp_path, release_gpt_step) -> Tree:
+    """A site-packages-shaped directory holding megatron/bridge/training/gpt_step.py (no tests/)."""
+    tree = Tree(tmp_path / "site-packages", "installed")
+    for package in ("megatron/bridge", "megatron/bridge/training"):
+        _write(tree.root / package / "__init__.py", "")
+    _write(tree.gpt_step, release_gpt_step)
+    return tree
+
+
+@pytest.fixture
+def source_tree(tmp_path, release_gpt_step, upstream_test_text) -> Tree:
+    """A plain source tree without .git: src/megatron/bridge/... and upstream's test_gpt_step.py."""
+    tree = Tree(tmp_path / "Megatron-Bridge-src", "tree")
+    _write(tree.gpt_step, release_gpt_step)
+    _write(tree.upstream_test, upstream_test_text)
+    return tree
+
+
+@pytest.fixture
+def checkout(tmp_path, release_gpt_step, upstream_test_text, git) -> Tree:
+    """A git checkout of "upstream" on branch main: one commit with gpt_step.py and test_gpt_step.py."""
+    tree = Tree(tmp_path / "Megatron-Bridge", "git")
+    _write(tree.gpt_step, release_gpt_step)
+    _write(tree.upstream_test, upstream_test_text)
+    _write(tree.root / "README.md", "Megatron-Bridge (throwaway test checkout)\n")
+    git(tree.root, "init", "--quiet", "--initial-branch=main")
+    git(tree.root, "add", "-A")
+    git(tree.root, "commit", "--quiet", "-m", "upstream base")
+    return tree
+
+
+@pytest.fixture(params=["installed", "tree", "git"])
+def target(request) -> Tree:
+    """Each kind of target in turn: site-packages dir, plain source tree, git checkout."""
+    return request.getfixturevalue(
+        {"installed": "site_packages", "tree": "source_tree", "git": "checkout"}[request.param]
+    )
+
+
+@pytest.fixture
+def edit(git):
+    """Replace one exact snippet in a target file; on a git checkout, commit it unless told not to."""
+
+    def change(tree: Tree, path: Path, old: str, new: str, *, commit: bool = True) -> None:
+        text = path.read_text()
+        assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times in {path}"
+        path.write_text(text.replace(old, new))
+        if tree.kind == "git" and commit:
+            git(tree.root, "commit", "--quiet", "-am", f"upstream edits {path.name}")
+
+    return change
+
+
+@pytest.fixture
+def full_release_copy(tmp_path, release) -> Tree:
+    """A complete, importable copy of the release (for the behaviour probe, which imports megatron.bridge)."""
+    root = tmp_path / "full-site-packages"
+    shutil.copytree(release.root, root, ignore=shutil.ignore_patterns("__pycache__"))
+    return Tree(root, "installed")
+
+
+@pytest.fixture
+def repo_file():
+    """A file of this repository, as bytes."""
+    return lambda rel: (REPO / rel).read_bytes()

@@ -1,0 +1,239 @@
+"""Bad input: one `mtp-mask-fix: error:` line on stderr, a non-zero exit, and not one file changed."""
+
+import os
+import sys
+
+import pytest
+
+from mtp_mask_fix.patch import PATCHES, WORK
+
+from .conftest import NEW_TEST
+
+
+REGION_EDIT = ('        "attention_mask": attention_mask,\n', '        "attention_mask": attention_mask,  # local\n')
+
+
+@pytest.fixture
+def patch_copy(tmp_path, patch):
+    """Write a damaged copy of the committed patch into tmp_path; returns its path."""
+
+    def make(name: str, data: bytes) -> os.PathLike:
+        path = tmp_path / name
+        path.write_bytes(data)
+        return path
+
+    return make
+
+
+@pytest.fixture
+def no_git_env(tmp_path, tool_env):
+    """PATH holding only a python (a symlink to this interpreter) and no git."""
+    bin_dir = tmp_path / "bin-without-git"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    (bin_dir / "python3").symlink_to(sys.executable)
+    return dict(tool_env, PATH=str(bin_dir))
+
+
+class TestBadTarget:
+    """TARGETs that are not a Megatron-Bridge the tool can work on."""
+
+    @pytest.mark.parametrize("command", [["check"], ["apply", "--no-verify"], ["apply", "--branch", "b"]])
+    def test_missing_path(self, cli, refused, snapshot, tmp_path, site_packages, command):
+        before = snapshot(tmp_path)
+        refused(cli(*command, tmp_path / "no-such-dir"), 2, "no such file or directory")
+        assert snapshot(tmp_path) == before
+
+    @pytest.mark.parametrize("command", [["check"], ["apply", "--no-verify"]])
+    def test_directory_that_is_not_megatron_bridge(self, cli, refused, snapshot, tmp_path, command):
+        other = tmp_path / "some-project"
+        (other / "src" / "megatron").mkdir(parents=True)
+        (other / "src" / "megatron" / "core.py").write_text("x = 1\n")
+        (other / "README.md").write_text("not Bridge\n")
+        before = snapshot(other)
+        refused(cli(*command, other), 2, "not a Megatron-Bridge tree")
+        assert snapshot(other) == before
+
+    def test_bridge_without_gpt_step(self, cli, refused, snapshot, site_packages):
+        site_packages.gpt_step.unlink()
+        before = snapshot(site_packages.root)
+        refused(cli("check", site_packages.root), 2, "without megatron/bridge/training/gpt_step.py")
+        assert snapshot(site_packages.root) == before
+
+    def test_a_file_is_not_a_target(self, cli, refused, snapshot, site_packages):
+        before = snapshot(site_packages.root)
+        refused(cli("check", site_packages.gpt_step), 2, "not a directory")
+        assert snapshot(site_packages.root) == before
+
+    @pytest.mark.parametrize("version", ["0.5.1", "9.9.9"])
+    def test_unsupported_pypi_version(self, cli, refused, snapshot, version):
+        before = snapshot(WORK / "pypi")
+        line = refused(cli("check", version), 2, f"unsupported Megatron-Bridge release {version}")
+        assert "0.6.2" in line  # names the supported ones
+        assert snapshot(WORK / "pypi") == before
+        assert not (WORK / "pypi" / version).exists()
+
+    def test_apply_to_a_pypi_release(self, cli, refused, snapshot, release):
+        before = snapshot(release.root)
+        refused(cli("apply", "--no-verify", "0.6.2"), 2, "is a downloaded release")
+        assert snapshot(release.root) == before
+
+    def test_branch_on_a_tree_without_git(self, cli, refused, snapshot, source_tree):
+        before = snapshot(source_tree.root)
+        refused(cli("apply", "--branch", "fix-6103", source_tree.root), 2, "--branch needs a git checkout")
+        assert snapshot(source_tree.root) == before
+
+    def test_branch_on_site_packages(self, cli, refused, snapshot, site_packages):
+        before = snapshot(site_packages.root)
+        refused(cli("apply", "--branch", "fix-6103", site_packages.root), 2, "--branch needs a git checkout")
+        assert snapshot(site_packages.root) == before
+
+
+class TestDirtyTarget:
+    """Local changes in the patch's region, staged changes, read-only files."""
+
+    def test_conflicting_local_change(self, cli, edit, refused, snapshot, checkout):
+        edit(checkout, checkout.gpt_step, *REGION_EDIT, commit=False)
+        before = snapshot(checkout.root)
+        refused(cli("apply", "--no-verify", checkout.root), 4, "local changes")
+        assert snapshot(checkout.root) == before
+
+    def test_conflicting_local_change_with_branch(self, cli, edit, git, refused, snapshot, checkout):
+        git(checkout.root, "config", "user.name", "Ada Submitter")
+        git(checkout.root, "config", "user.email", "ada@example.org")
+        edit(checkout, checkout.gpt_step, *REGION_EDIT, commit=False)
+        before = snapshot(checkout.root)
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 4, "local changes")
+        assert snapshot(checkout.root) == before
+
+    def test_conflicting_change_in_a_tree_without_git(self, cli, edit, refused, snapshot, source_tree):
+        edit(source_tree, source_tree.gpt_step, *REGION_EDIT)
+        before = snapshot(source_tree.root)
+        refused(cli("apply", "--no-verify", source_tree.root), 4, "drifted")
+        assert snapshot(source_tree.root) == before
+
+    def test_staged_changes_block_branch(self, cli, git, refused, snapshot, checkout):
+        git(checkout.root, "config", "user.name", "Ada Submitter")
+        git(checkout.root, "config", "user.email", "ada@example.org")
+        (checkout.root / "README.md").write_text("staged edit\n")
+        git(checkout.root, "add", "README.md")
+        before = snapshot(checkout.root)
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "staged changes")
+        assert snapshot(checkout.root) == before
+
+    def test_branch_without_git_identity(self, cli, refused, snapshot, checkout):
+        before = snapshot(checkout.root)
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "user.name is not set")
+        assert snapshot(checkout.root) == before
+
+    def test_read_only_file(self, cli, refused, snapshot, target):
+        target.gpt_step.chmod(0o444)
+        before = snapshot(target.root)
+        refused(cli("apply", "--no-verify", target.root), 2, "read-only")
+        assert snapshot(target.root) == before
+
+    def test_read_only_directory_for_the_new_test(self, cli, refused, snapshot, checkout):
+        """The new test file cannot be created: refused before gpt_step.py is touched."""
+        tests_dir = (checkout.root / NEW_TEST).parent
+        tests_dir.chmod(0o555)
+        try:
+            before = snapshot(checkout.root)
+            refused(cli("apply", "--no-verify", checkout.root), 2, "read-only")
+            assert snapshot(checkout.root) == before
+        finally:
+            tests_dir.chmod(0o755)
+
+
+class TestNoGit:
+    """git is what applies and checks the patch; without it on PATH the tool says so."""
+
+    @pytest.mark.parametrize("command", [["check"], ["apply", "--no-verify"]])
+    @pytest.mark.parametrize("kind", ["site_packages", "source_tree", "checkout"])
+    def test_no_git_on_path(self, request, cli, refused, snapshot, no_git_env, command, kind):
+        tree = request.getfixturevalue(kind)
+        before = snapshot(tree.root)
+        refused(cli(*command, tree.root, env=no_git_env), 2, "git is not on PATH")
+        assert snapshot(tree.root) == before
+
+
+class TestBadPatch:
+    """`--patch` pointing at a damaged copy of the patch: refused before anything is touched."""
+
+    @pytest.fixture
+    def guarded(self, snapshot, checkout):
+        """The target's root, and a function telling that neither it nor patches/ changed since the test began."""
+        before = snapshot(checkout.root, PATCHES)
+        return checkout.root, lambda: snapshot(checkout.root, PATCHES) == before
+
+    @pytest.mark.parametrize("command", [["check"], ["apply", "--no-verify"]])
+    @pytest.mark.parametrize(
+        "cut_before",
+        [b"     }\n \n     # Add packed sequence support", b"+class _Missing:"],
+        ids=["in-the-source-hunk", "in-the-new-test-file"],
+    )
+    def test_truncated_in_a_hunk(self, cli, refused, patch_copy, patch, guarded, command, cut_before):
+        root, unchanged = guarded
+        text = patch.text.encode()
+        damaged = patch_copy("truncated.patch", text[: text.index(cut_before)])
+        refused(cli("--patch", damaged, *command, root), 2, "corrupted")
+        assert unchanged()
+
+    def test_truncated_at_a_file_boundary(self, cli, refused, patch_copy, patch, guarded):
+        """Cut just before the new test file's diff, the copy still parses: the mailbox's own diffstat catches it."""
+        root, unchanged = guarded
+        text = patch.text.encode()
+        damaged = patch_copy(
+            "truncated.patch", text[: text.index(b"diff --git a/tests/unit_tests/training/test_gpt_step_loss")]
+        )
+        refused(cli("--patch", damaged, "apply", "--no-verify", root), 2, "corrupted")
+        assert unchanged()
+
+    @pytest.mark.parametrize(
+        "data",
+        [b"", b"\x00\xff\xfe garbage \x13\x37\n" * 50, b"From 0000 Mon Sep 17 00:00:00 2001\nSubject: x\n\nno diff\n"],
+        ids=["empty", "binary-garbage", "no-diff"],
+    )
+    def test_garbage(self, cli, refused, patch_copy, guarded, data):
+        root, unchanged = guarded
+        refused(cli("--patch", patch_copy("garbage.patch", data), "check", root), 2, "corrupted")
+        assert unchanged()
+
+    def test_crlf_line_endings(self, cli, refused, patch_copy, patch, guarded):
+        root, unchanged = guarded
+        crlf = patch_copy("crlf.patch", patch.text.replace("\n", "\r\n").encode())
+        refused(cli("--patch", crlf, "apply", "--no-verify", root), 2, "CRLF line endings")
+        assert unchanged()
+
+    def test_missing_patch_file(self, cli, refused, tmp_path, guarded):
+        root, unchanged = guarded
+        refused(cli("--patch", tmp_path / "nope.patch", "check", root), 2, "cannot read patch")
+        assert unchanged()
+
+
+class TestBadCommandLine:
+    """argparse's complaints are one line too (cli._Parser), exit 2."""
+
+    @pytest.mark.parametrize(
+        ("argv", "words"),
+        [
+            (["frobnicate"], ["invalid choice: 'frobnicate'"]),
+            ([], ["required: command"]),
+            (["apply"], ["required: target"]),
+            (["refresh"], ["required: --upstream"]),
+            (["check", "--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+            (["--patch"], ["expected one argument"]),
+        ],
+        ids=[
+            "unknown-subcommand",
+            "no-subcommand",
+            "apply-without-target",
+            "refresh-without-upstream",
+            "unknown-option",
+            "option-without-value",
+        ],
+    )
+    def test_usage_errors(self, cli, refused, snapshot, tmp_path, argv, words):
+        before = snapshot(tmp_path, PATCHES)
+        line = refused(cli(*argv), 2, *words)
+        assert "(see mtp-mask-fix" in line
+        assert snapshot(tmp_path, PATCHES) == before

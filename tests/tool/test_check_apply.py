@@ -1,0 +1,317 @@
+"""`check` and `apply` on each kind of target: a site-packages dir, a plain source tree, a git checkout."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from unidiff import PatchSet
+
+from mtp_mask_fix.apply import fix_present
+from mtp_mask_fix.targets import SUPPORTED_RELEASES
+from mtp_mask_fix.view import render
+
+from .conftest import FIXED, NEW_TEST, SUBMITTER, UPSTREAM_TEST, Tree
+
+
+CONTEXT = '        "attention_mask": attention_mask,\n'  # a context line of the source hunk
+REGION_EDIT = '        "attention_mask": attention_mask,  # local tweak\n'
+LABELS = '        "labels": labels,\n    }\n'
+EQUIVALENT_FIX = '        "labels": labels,\n        "loss_mask": loss_mask,\n    }\n'
+FAR_FROM_HUNK = "import logging\n"  # line 15; the hunk sits at ~436
+
+
+def verdict(result: subprocess.CompletedProcess, code: int) -> str:
+    """`check` prints its verdict as one line on stdout, nothing on stderr, and exits with the state's code."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1, result.stdout
+    return lines[0]
+
+
+def changed_lines(patch_set: PatchSet) -> dict[str, list[tuple[str, str]]]:
+    """Per file: the added and removed lines, in order (line numbers and blob ids left aside)."""
+    return {
+        f.path: [(line.line_type, line.value) for hunk in f for line in hunk if line.is_added or line.is_removed]
+        for f in patch_set
+    }
+
+
+def hunk_parts(patch, *, src_only: bool) -> dict[str, list[tuple[str, str]]]:
+    return {
+        path: lines for path, lines in changed_lines(patch.files()).items() if path.startswith("src/") or not src_only
+    }
+
+
+class TestCheckStates:
+    """The three states, each with its own exit code and a one-line verdict, on every kind of target."""
+
+    def test_applies(self, cli, snapshot, target):
+        before = snapshot(target.root)
+        line = verdict(cli("check", target.root), 0)
+        assert snapshot(target.root) == before  # check never writes
+        assert "the patch applies" in line and "the bug is present" in line
+        scope = "source hunks only" if target.kind == "installed" else "source and tests"
+        assert scope in line
+
+    def test_already_applied_after_apply(self, cli, target):
+        assert cli("apply", "--no-verify", target.root).returncode == 0
+        line = verdict(cli("check", target.root), 3)
+        assert "already applied" in line
+
+    def test_equivalent_upstream_fix_says_retire(self, cli, edit, target):
+        edit(target, target.gpt_step, LABELS, EQUIVALENT_FIX)
+        line = verdict(cli("check", target.root), 3)
+        assert "equivalent fix" in line and "retire the patch" in line
+
+    def test_drifted_context_names_the_file(self, cli, edit, snapshot, target):
+        edit(target, target.gpt_step, CONTEXT, '        "attention_mask": attention_mask if use_mask else None,\n')
+        before = snapshot(target.root)
+        line = verdict(cli("check", target.root), 4)
+        assert snapshot(target.root) == before
+        assert "drifted" in line
+        assert re.search(r"patch failed: (src/)?megatron/bridge/training/gpt_step\.py:\d+", line)
+
+    def test_drifted_upstream_test_only(self, cli, edit, checkout):
+        """The source hunk still fits, but upstream's test moved on: drifted, and the message names the test file."""
+        edit(checkout, checkout.upstream_test, "            labels=labels,\n", "            labels=shifted_labels,\n")
+        line = verdict(cli("check", checkout.root), 4)
+        assert "drifted" in line and UPSTREAM_TEST in line
+
+    @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+    def test_supported_releases_apply(self, cli, version):
+        line = verdict(cli("check", version), 0)
+        assert line.startswith(f"megatron-bridge=={version} (PyPI): the patch applies (source hunks only")
+
+    def test_default_target_is_the_pinned_release(self, cli):
+        line = verdict(cli("check"), 0)
+        assert line.startswith("megatron-bridge==0.6.2 (PyPI): the patch applies")
+
+
+class TestEntryPoints:
+    """`mtp-mask-fix` (console script) and `python -m mtp_mask_fix` are the same tool."""
+
+    def test_console_script_matches_module(self, cli, tool_env, tmp_path, site_packages):
+        script = Path(sys.executable).parent / "mtp-mask-fix"
+        result = subprocess.run(
+            [str(script), "check", str(site_packages.root)], cwd=tmp_path, env=tool_env, capture_output=True, text=True
+        )
+        assert (result.returncode, result.stdout, result.stderr) == (0, cli("check", site_packages.root).stdout, "")
+
+    def test_help(self, cli):
+        result = cli("--help")
+        assert result.returncode == 0
+        for command in ("check", "apply", "gate", "refresh", "pr", "repro", "view"):
+            assert command in result.stdout
+
+
+class TestNestedTree:
+    """A source tree vendored inside another git repository, with a space in its path."""
+
+    @pytest.fixture
+    def vendored(self, tmp_path, git, source_tree):
+        outer = tmp_path / "outer project"
+        tree = outer / "vendor" / "Megatron Bridge"
+        tree.parent.mkdir(parents=True)
+        source_tree.root.rename(tree)
+        git(outer, "init", "--quiet")
+        git(outer, "add", "-A")
+        git(outer, "commit", "--quiet", "-m", "vendor Megatron-Bridge")
+        return Tree(tree, "tree")
+
+    def test_check_apply_check(self, cli, vendored, release, patch):
+        assert "the patch applies (source and tests)" in verdict(cli("check", vendored.root), 0)
+        assert cli("apply", "--no-verify", vendored.root).returncode == 0
+        assert vendored.gpt_step.read_text() == render(release.fixed_file, patch)
+        assert vendored.new_test.is_file()
+        assert "already applied" in verdict(cli("check", vendored.root), 3)
+
+
+class TestFixPresent:
+    """fix_present recognises the fix by what the code does, not by our exact lines."""
+
+    def test_release_has_no_fix(self, release_gpt_step):
+        # The release passes loss_mask only to build_schedule_plan, which does not count.
+        assert "loss_mask=loss_mask" in release_gpt_step
+        assert not fix_present(release_gpt_step)
+
+    def test_our_patch(self, release, patch):
+        assert fix_present(render(release.fixed_file, patch))
+
+    def test_dict_entry_without_our_comment(self, release_gpt_step):
+        assert fix_present(release_gpt_step.replace(LABELS, EQUIVALENT_FIX))
+
+    def test_keyword_at_the_model_call(self, release_gpt_step):
+        fixed = release_gpt_step.replace("model(**forward_args)", "model(**forward_args, loss_mask=loss_mask)")
+        assert fixed != release_gpt_step
+        assert fix_present(fixed)
+
+    def test_item_assignment_into_forward_args(self, release_gpt_step):
+        """`forward_args["loss_mask"] = loss_mask` hands the mask to the model just the same ."""
+        marker = "    # Add packed sequence support\n"
+        fixed = release_gpt_step.replace(marker, '    forward_args["loss_mask"] = loss_mask\n\n' + marker)
+        assert fix_present(fixed)
+
+    def test_other_values_are_not_the_fix(self, release_gpt_step):
+        assert not fix_present(
+            release_gpt_step.replace(LABELS, LABELS.replace("    }", '        "loss_mask": None,\n    }'))
+        )
+        assert not fix_present("def _forward_step_common(:\n")
+
+
+class TestApplyGitCheckout:
+    """apply on a git checkout changes the working tree only, by exactly the patch."""
+
+    def test_working_tree_gets_exactly_the_patch(self, cli, git, checkout, patch):
+        head = git(checkout.root, "rev-parse", "HEAD")
+        result = cli("apply", "--no-verify", checkout.root)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"{checkout.root}: applied (source and tests)"
+        assert git(checkout.root, "rev-parse", "HEAD") == head  # nothing committed
+        assert git(checkout.root, "status", "--porcelain") == f" M {FIXED}\n M {UPSTREAM_TEST}\n?? {NEW_TEST}\n"
+        git(checkout.root, "add", "--intent-to-add", NEW_TEST)
+        shown = PatchSet(git(checkout.root, "diff"))
+        assert changed_lines(shown) == hunk_parts(patch, src_only=False)
+        assert [f.path for f in shown if f.is_added_file] == [NEW_TEST]
+
+    def test_local_change_elsewhere_in_the_file_does_not_block(self, cli, edit, checkout, release, patch):
+        edit(checkout, checkout.gpt_step, FAR_FROM_HUNK, "import logging  # local note\n", commit=False)
+        result = cli("apply", "--no-verify", checkout.root)
+        assert result.returncode == 0, result.stderr
+        expected = render(release.fixed_file, patch).replace(FAR_FROM_HUNK, "import logging  # local note\n", 1)
+        assert checkout.gpt_step.read_text() == expected
+
+    def test_local_change_in_the_region_blocks(self, cli, edit, refused, snapshot, checkout):
+        edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT, commit=False)
+        before = snapshot(checkout.root)
+        line = refused(cli("apply", "--no-verify", checkout.root), 4, "local changes")
+        assert "commit or stash" in line
+        assert snapshot(checkout.root) == before
+        # check says the same, as a verdict
+        assert "local changes in the patch's region" in verdict(cli("check", checkout.root), 4)
+
+    def test_refuses_when_already_applied(self, cli, refused, snapshot, checkout):
+        assert cli("apply", "--no-verify", checkout.root).returncode == 0
+        before = snapshot(checkout.root)
+        refused(cli("apply", "--no-verify", checkout.root), 3, "already applied")
+        assert snapshot(checkout.root) == before
+
+    def test_refuses_when_drifted(self, cli, edit, refused, snapshot, checkout):
+        edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT)  # committed: upstream moved on
+        before = snapshot(checkout.root)
+        line = refused(cli("apply", "--no-verify", checkout.root), 4, "drifted")
+        assert "gpt_step.py" in line
+        assert snapshot(checkout.root) == before
+
+
+class TestApplyBranch:
+    """`apply --branch NAME`: one signed-off commit by the configured user on a new branch."""
+
+    @pytest.fixture
+    def submitter(self, git, checkout):
+        git(checkout.root, "config", "user.name", SUBMITTER[0])
+        git(checkout.root, "config", "user.email", SUBMITTER[1])
+        return f"{SUBMITTER[0]} <{SUBMITTER[1]}>"
+
+    def test_branch_holds_one_signed_off_commit(self, cli, git, checkout, patch, submitter):
+        main = git(checkout.root, "rev-parse", "main").strip()
+        result = cli("apply", "--branch", "fix-6103", checkout.root)
+        assert result.returncode == 0, result.stderr
+        assert "branch fix-6103 holds the fix" in result.stdout
+
+        assert git(checkout.root, "rev-parse", "main").strip() == main  # original branch untouched
+        assert git(checkout.root, "branch", "--show-current").strip() == "fix-6103"
+        assert git(checkout.root, "rev-list", "main..fix-6103").count("\n") == 1
+        assert git(checkout.root, "rev-parse", "fix-6103~1").strip() == main
+        assert git(checkout.root, "status", "--porcelain") == ""
+
+        message = git(checkout.root, "log", "-1", "--format=%B", "fix-6103")
+        assert message == f"{patch.subject}\n\n{patch.body}\n\nSigned-off-by: {submitter}\n\n"
+        assert git(checkout.root, "log", "-1", "--format=%an <%ae>|%cn <%ce>", "fix-6103").strip() == (
+            f"{submitter}|{submitter}"
+        )
+        committed = PatchSet(git(checkout.root, "diff", "main", "fix-6103"))
+        assert changed_lines(committed) == hunk_parts(patch, src_only=False)
+
+    def test_unstaged_change_elsewhere_in_a_touched_file(self, cli, git, edit, refused, checkout, submitter):
+        """`git am` needs touched files to match the index: a clean one-line refusal, nothing left behind."""
+        edit(checkout, checkout.gpt_step, FAR_FROM_HUNK, "import logging  # local note\n", commit=False)
+        branches = git(checkout.root, "branch")
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 4)
+        assert git(checkout.root, "branch") == branches
+        assert git(checkout.root, "status", "--porcelain") == f" M {FIXED}\n"
+        assert "# local note" in checkout.gpt_step.read_text()
+
+    def test_detached_head_is_restored_after_a_failed_am(self, cli, git, refused, checkout, submitter):
+        """From a detached HEAD, a failing `git am` (its pre-applypatch hook refuses) leaves HEAD where it was."""
+        git(checkout.root, "switch", "--quiet", "--detach", "main")
+        hook = checkout.root / ".git" / "hooks" / "pre-applypatch"
+        hook.write_text("#!/bin/sh\nexit 1\n")
+        hook.chmod(0o755)
+        head = git(checkout.root, "rev-parse", "HEAD")
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 4)
+        assert git(checkout.root, "branch", "--list", "fix-6103") == ""
+        assert git(checkout.root, "branch", "--show-current") == ""  # still detached
+        assert git(checkout.root, "rev-parse", "HEAD") == head
+        assert git(checkout.root, "status", "--porcelain") == ""
+
+    def test_failing_commit_hook(self, cli, git, refused, checkout, submitter):
+        """A failing pre-commit hook (e.g. upstream's, with pre-commit not installed) must not half-finish the
+        branch: either the commit is made (hooks skipped) or the refusal is one line and clean.
+        """
+        hook = checkout.root / ".git" / "hooks" / "pre-commit"
+        hook.write_text("#!/bin/sh\necho 'pre-commit: command not found' >&2\nexit 1\n")
+        hook.chmod(0o755)
+        result = cli("apply", "--branch", "fix-6103", checkout.root)
+        if result.returncode == 0:
+            assert git(checkout.root, "log", "-1", "--format=%an <%ae>", "fix-6103").strip() == submitter
+        else:
+            refused(result, result.returncode)
+            assert git(checkout.root, "branch", "--list", "fix-6103") == ""
+            assert git(checkout.root, "branch", "--show-current") == "main\n"
+
+    def test_branch_refused_when_it_exists(self, cli, git, refused, snapshot, checkout, submitter):
+        git(checkout.root, "branch", "fix-6103")
+        before = snapshot(checkout.root)
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "already exists")
+        assert snapshot(checkout.root) == before
+
+    def test_branch_refused_when_already_applied(self, cli, git, refused, checkout, submitter):
+        assert cli("apply", "--branch", "fix-6103", checkout.root).returncode == 0
+        refused(cli("apply", "--branch", "again", checkout.root), 3, "already applied")
+        assert "again" not in git(checkout.root, "branch")
+
+
+class TestApplySitePackages:
+    """apply on an installed package: the source hunk only, verified by behaviour (the probe imports the tree)."""
+
+    def test_apply_and_probe(self, cli, snapshot, full_release_copy, release, patch):
+        before = snapshot(full_release_copy.root)
+        result = cli("apply", full_release_copy.root)  # runs the behaviour probe (~10 s)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == (
+            f"{full_release_copy.root}: applied (source hunks only: no tests/ here); "
+            "verified: the model receives loss_mask"
+        )
+        after = snapshot(full_release_copy.root)
+        assert {path for path in after if before.get(path) != after[path]} == {str(full_release_copy.gpt_step)}
+        assert set(after) == set(before)  # no tests/ and no stray files added
+        assert full_release_copy.gpt_step.read_text() == render(release.fixed_file, patch)
+
+    def test_failed_verification_rolls_back(self, cli, tmp_path, refused, snapshot, site_packages):
+        """An interpreter whose probe finds no loss_mask: exit 5, and the file is put back."""
+        fake_python = tmp_path / "fake-python"
+        fake_python.write_text(
+            '#!/bin/sh\necho \'{"file": "x", "passes_loss_mask": false, "same_tensor_as_loss": false}\'\n'
+        )
+        fake_python.chmod(0o755)
+        before = snapshot(site_packages.root)
+        refused(cli("apply", "--python", fake_python, site_packages.root), 5, "rolled back")
+        assert snapshot(site_packages.root) == before
+
+    def test_source_hunk_only(self, cli, site_packages, release, patch):
+        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+        assert site_packages.gpt_step.read_text() == render(release.fixed_file, patch)
+        assert not (site_packages.root / "tests").exists()
