@@ -4,9 +4,11 @@ on the generated view (base + patch); tests/red_green.toml lists them all.
 Both sides run in fresh pytest processes, because each selects its gpt_step.py before importing Bridge.
 """
 
+from collections import Counter, defaultdict
+
 import pytest
 
-from mtp_mask_fix.patch import BASE_FILE, VIEW
+from mtp_mask_fix.patch import BASE_FILE, REPO, VIEW
 from mtp_mask_fix.redgreen import Manifest, problems, run_pytest
 
 
@@ -29,10 +31,27 @@ def runs():
     }
 
 
+def _report(runs, nodeids, title) -> str:
+    """One line per test function: how its cases ended on the base and patched."""
+    cases = defaultdict(list)
+    for nodeid in nodeids:
+        cases[nodeid.split("[")[0]].append(nodeid)
+    lines = [f"{title}: base = {BASE_FILE.relative_to(REPO)} (pinned release), patched = {VIEW.relative_to(REPO)}"]
+    for name, ids in cases.items():
+        sides = []
+        for side in ("base", "patched"):
+            counts = Counter(runs[side].outcomes.get(nodeid, "missing") for nodeid in ids)
+            sides.append(f"{side}: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
+        lines.append(f"  {name.split('::', 1)[1]:<95} {'  '.join(sides)}")
+    return "\n".join(lines)
+
+
 class TestRedGreen:
     @pytest.mark.parametrize("suite", SUITES)
-    def test_fail_to_pass_red_on_base_by_assertion_and_green_patched(self, runs, manifest, suite):
+    def test_fail_to_pass_red_on_base_by_assertion_and_green_patched(self, runs, manifest, suite, capsys):
         assert manifest.fail_to_pass[suite], f"no FAIL_TO_PASS tests listed for {suite}"
+        with capsys.disabled():  # the proof belongs in CI's log
+            print("\n" + _report(runs, manifest.fail_to_pass[suite], f"FAIL_TO_PASS, {SUITES[suite]}"))
         assert problems(runs["base"], runs["patched"], manifest.fail_to_pass[suite], []) == []
 
     @pytest.mark.parametrize("suite", SUITES)
