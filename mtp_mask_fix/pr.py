@@ -27,6 +27,12 @@ def _figures(path: Path | None) -> dict:
     return run_repro(WORK / "repro")
 
 
+def _lm_loss_sentence(figures: dict) -> str:
+    before, after = figures["before"]["lm_loss"], figures["after"]["lm_loss"]
+    lm = "The LM loss is identical" if before == after else f"The LM loss moves ({before:.6f} -> {after:.6f})"
+    return f"{lm}; the MTP loss counts {figures['after']['mtp_mass_on_masked']:.1%} of its mass at masked positions."
+
+
 def render_pr(figures_path: Path | None = None) -> str:
     """Title, then the body as Markdown."""
     from mtp_mask_fix.repro import format_table
@@ -67,7 +73,7 @@ sample), before/after this change, measured by the reproduction script:
 {format_table(figures)}
 ```
 
-The LM loss is bit-identical; the MTP loss stops counting masked positions. At random init answer tokens \
+{_lm_loss_sentence(figures)} At random init answer tokens \
 are no easier to predict than padding, so the tiny model's mtp_1 value may move either way; on a trained model \
 padding is where the MTP head is worst: #6103 measured, on DeepSeek-V4 SFT, 96.5 % of the MTP loss mass on \
 padding, and with the mask mtp_1 loss 15.8 -> 4.42 and step-1 grad norm 86 -> 67.5, LM loss unchanged.
