@@ -180,7 +180,8 @@ def gate(releases: list[str], checkouts: list[Path], patch: Patch, python: str =
         red = sum(base.outcomes.get(n) == "assertion" for n in trees.fail_to_pass)
         green = sum(patched.outcomes.get(n) == "passed" for n in trees.fail_to_pass + trees.pass_to_pass)
         total = len(trees.fail_to_pass) + len(trees.pass_to_pass)
-        rows.append((trees.target.label, f"{red}/{len(trees.fail_to_pass)}", f"{green}/{total}", found))
+        seconds = sum(run.seconds for (key, _), run in runs.items() if key == id(trees))
+        rows.append((trees.target.label, f"{red}/{len(trees.fail_to_pass)}", f"{green}/{total}", found, seconds))
         failed |= bool(found)
     _print_table(rows, time.monotonic() - start)
     return FAILED if failed else 0
@@ -188,10 +189,11 @@ def gate(releases: list[str], checkouts: list[Path], patch: Patch, python: str =
 
 def _print_table(rows, seconds: float) -> None:
     width = max(len(row[0]) for row in rows)
-    print(f"\n{'target':<{width}}  base: F2P red  patched: green  hunks needed  verdict")
-    for label, red, green, found in rows:
+    print(f"\n{'target':<{width}}  base: F2P red  patched: green  hunks needed  test time  verdict")
+    for label, red, green, found, seconds in rows:
         hunks = "no" if any("not needed" in p for p in found) else "yes"
-        print(f"{label:<{width}}  {red:>13}  {green:>14}  {hunks:>12}  {'FAIL' if found else 'PASS'}")
+        verdict = "FAIL" if found else "PASS"
+        print(f"{label:<{width}}  {red:>13}  {green:>14}  {hunks:>12}  {seconds:>7.1f} s  {verdict}")
         for problem in found:
             print(f"    {problem}")
     verdict = "FAIL" if any(row[3] for row in rows) else "PASS"
