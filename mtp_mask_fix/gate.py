@@ -187,14 +187,14 @@ def gate(releases: list[str], checkouts: list[Path], patch: Patch, python: str =
     return FAILED if failed else 0
 
 
-def _print_table(rows, seconds: float) -> None:
+def _print_table(rows, total_seconds: float) -> None:
     width = max(len(row[0]) for row in rows)
     print(f"\n{'target':<{width}}  base: F2P red  patched: green  hunks needed  test time  verdict")
-    for label, red, green, found, seconds in rows:
+    for label, red, green, found, test_seconds in rows:
         hunks = "no" if any("not needed" in p for p in found) else "yes"
         verdict = "FAIL" if found else "PASS"
-        print(f"{label:<{width}}  {red:>13}  {green:>14}  {hunks:>12}  {seconds:>7.1f} s  {verdict}")
+        print(f"{label:<{width}}  {red:>13}  {green:>14}  {hunks:>12}  {test_seconds:>7.1f} s  {verdict}")
         for problem in found:
             print(f"    {problem}")
     verdict = "FAIL" if any(row[3] for row in rows) else "PASS"
-    print(f"\ngate: {verdict} ({len(rows)} targets, {seconds:.1f} s)")
+    print(f"\ngate: {verdict} ({len(rows)} targets, {total_seconds:.1f} s)")
