@@ -134,9 +134,20 @@ def apply(target: Target, patch: Patch, *, verify: bool = True, python: str = sy
         _replace(staging, target.root, paths)
         if verify:
             found = behaviour(target, python)
+            if "error" in found:
+                _restore(backup, target.root, paths)
+                raise ToolError(
+                    f"{target.label}: rolled back, the fix could not be verified: {found['error']}; pass --python "
+                    "an interpreter that imports this Megatron-Bridge (its megatron-core), or --no-verify",
+                    FAILED,
+                )
             if not (found.get("passes_loss_mask") and found.get("same_tensor_as_loss")):
                 _restore(backup, target.root, paths)
-                raise ToolError(f"{target.label}: applied, but the probe found {found}; rolled back", FAILED)
+                raise ToolError(
+                    f"{target.label}: rolled back, the patched code still does not hand the batch's loss_mask "
+                    f"to the model (probe: {found})",
+                    FAILED,
+                )
     return f"{target.label}: applied ({_scope(target)})" + (
         "; verified: the model receives loss_mask" if verify else ""
     )
