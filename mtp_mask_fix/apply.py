@@ -207,39 +207,60 @@ def behaviour(target: Target, python: str = sys.executable) -> dict:
 
 
 def make_branch(target: Target, patch: Patch, branch: str) -> str:
-    """On a git checkout: a new branch holding the patch as a commit by, and signed off by, the submitter."""
+    """On a git checkout: a new branch holding the patch as a commit by, and signed off by, the submitter.
+
+    `git am -s` runs in a temporary worktree, so a failure anywhere (hooks, conflicts) leaves the checkout as it
+    was; the checkout only changes at the final `git switch`, which git refuses if it would lose local edits.
+    """
     if target.kind != "git":
         raise ToolError(f"{target.label}: --branch needs a git checkout")
+    root = target.root
     for key in ("user.name", "user.email"):
-        if not git("config", key, cwd=target.root, check=False).stdout.strip():
+        if not git("config", key, cwd=root, check=False).stdout.strip():
             raise ToolError(f"git {key} is not set in {target.label}; `git am -s` signs off as you")
-    if git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=target.root, check=False).returncode == 0:
+    if git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=root, check=False).returncode == 0:
         raise ToolError(f"branch {branch} already exists in {target.label}")
-    if git("diff", "--cached", "--quiet", cwd=target.root, check=False).returncode != 0:
-        raise ToolError(f"{target.label} has staged changes; `git am` needs a clean index")
+    if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
+        raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
     verdict = check(target, patch)
     if verdict.code != APPLIES:
         raise ToolError(verdict.message, verdict.code)
-    touched = _touched(diff_for(target, patch))
-    if git("diff", "--quiet", "--", *touched, cwd=target.root, check=False).returncode != 0:
+    if git("diff", "--quiet", "--", *_touched(diff_for(target, patch)), cwd=root, check=False).returncode != 0:
         raise ToolError(
             f"{target.label}: uncommitted changes in files the patch touches; commit or stash them", DRIFTED
         )
-    head = git("rev-parse", "HEAD", cwd=target.root).stdout.strip()
-    start = git("symbolic-ref", "--quiet", "--short", "HEAD", cwd=target.root, check=False).stdout.strip()
-    git("switch", "--quiet", "-c", branch, cwd=target.root)
-    am = git("am", "--quiet", "-s", str(patch.path), cwd=target.root, check=False)
-    # The submitter authors the upstream commit; the mailbox's From is only this repo's placeholder.
-    # --no-verify: the commit is git am's, already made; a local pre-commit hook must not half-finish it.
-    amend = None
-    if am.returncode == 0:
-        amend = git(
-            "commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=target.root, check=False
-        )
-    if am.returncode != 0 or amend.returncode != 0:
-        git("am", "--abort", cwd=target.root, check=False)
-        git("switch", "--quiet", *([start] if start else ["--detach", head]), cwd=target.root, check=False)
-        git("branch", "--quiet", "-D", branch, cwd=target.root, check=False)
-        failed = am if am.returncode != 0 else amend
-        raise ToolError(f"{target.label}: git failed: {first_error_line(failed.stderr)}; nothing changed", DRIFTED)
+    commit = _commit_in_worktree(target, patch)
+    git("branch", branch, commit, cwd=root)
+    switched = git("switch", "--quiet", branch, cwd=root, check=False)
+    if switched.returncode != 0:
+        git("branch", "--quiet", "-D", branch, cwd=root, check=False)
+        raise ToolError(f"{target.label}: git switch failed: {first_error_line(switched.stderr)}; nothing changed")
     return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `mtp-mask-fix pr`"
+
+
+def _commit_in_worktree(target: Target, patch: Patch) -> str:
+    """`git am -s` onto HEAD in a throwaway worktree; returns the commit id."""
+    with tempfile.TemporaryDirectory() as tmp:
+        worktree = Path(tmp) / "am"
+        added = git("worktree", "add", "--quiet", "--detach", str(worktree), "HEAD", cwd=target.root, check=False)
+        try:
+            if added.returncode != 0:
+                raise ToolError(f"{target.label}: git worktree add failed: {first_error_line(added.stderr)}", FAILED)
+            am = git("am", "--quiet", "-s", str(patch.path), cwd=worktree, check=False)
+            if am.returncode != 0:
+                raise ToolError(
+                    f"{target.label}: git am failed: {first_error_line(am.stderr)}; nothing changed", DRIFTED
+                )
+            # The submitter authors the upstream commit; the mailbox's From is this repo's placeholder.
+            # --no-verify: a local pre-commit hook must not stop the amend of git am's own commit.
+            amend = git(
+                "commit", "--quiet", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=worktree, check=False
+            )
+            if amend.returncode != 0:
+                raise ToolError(
+                    f"{target.label}: git commit failed: {first_error_line(amend.stderr)}; nothing changed"
+                )
+            return git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
+        finally:
+            git("worktree", "remove", "--force", str(worktree), cwd=target.root, check=False)
+            git("worktree", "prune", cwd=target.root, check=False)
