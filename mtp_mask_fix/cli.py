@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     repro = sub.add_parser("repro", help="tiny real MTP model: the report's table before/after, and a plot")
     repro.add_argument("--out", type=Path, default=Path(".work/repro"), help="where figures.json and the PNG go")
 
+    status = sub.add_parser("status", help="the patch's upstream status, and whether TARGET still needs it")
+    status.add_argument("target", nargs="?", help=TARGET_HELP)
+
     sub.add_parser("view", help="write src/.../gpt_step.py = pinned release + patch (and the base beside it)")
     return parser
 
@@ -96,6 +99,17 @@ def run(argv: list[str]) -> int:
             raise ToolError(f"--python {args.python}: no such interpreter")
         releases = [] if args.checkouts_only else args.release or list(SUPPORTED_RELEASES)
         return gate(releases, args.checkout, Patch.load(args.patch), args.python)
+    if args.command == "status":
+        from mtp_mask_fix.apply import check
+        from mtp_mask_fix.targets import resolve
+
+        patch = Patch.load(args.patch)
+        print(f"{patch.path.name}: {patch.subject}")
+        for key, value in patch.metadata().items():
+            print(f"  {key}: {value}")
+        verdict = check(resolve(args.target), patch)
+        print(f"  on {verdict.message}")
+        return 0
     if args.command == "refresh":
         from mtp_mask_fix.refresh import refresh
 

@@ -315,3 +315,16 @@ class TestApplySitePackages:
         assert cli("apply", "--no-verify", site_packages.root).returncode == 0
         assert site_packages.gpt_step.read_text() == render(release.fixed_file, patch)
         assert not (site_packages.root / "tests").exists()
+
+
+class TestStatus:
+    """status: the patch's status block, then whether the target still needs the patch."""
+
+    def test_status_before_and_after_apply(self, cli, patch, site_packages):
+        before = cli("status", site_packages.root)
+        assert before.returncode == 0, before.stderr
+        for key, value in patch.metadata().items():
+            assert f"  {key}: {value}\n" in before.stdout
+        assert "the patch applies" in before.stdout.splitlines()[-1]
+        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+        assert "already applied" in cli("status", site_packages.root).stdout.splitlines()[-1]
