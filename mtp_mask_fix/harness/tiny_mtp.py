@@ -388,14 +388,18 @@ def _suite(tensor_parallel: int) -> dict:
     """Everything the functional tests assert, for mtp_num_layers 1 and 2."""
     batch = make_sft_batch()
     perturbed = perturb_masked_positions(batch)
+    unpatched = load_gpt_step(BASE_FILE, "_tiny_mtp_gpt_step_unpatched")
     results = {}
     for mtp_num_layers in (1, 2):
         model = build_model(mtp_num_layers, tensor_parallel)
         step = run_step(model, batch)
         step_perturbed = run_step(model, perturbed)
+        step_unpatched = run_step(model, batch, unpatched)
         depths = range(1, mtp_num_layers + 1)
         results[str(mtp_num_layers)] = {
             "lm_loss": step.lm_loss,
+            "unpatched_lm_loss": step_unpatched.lm_loss,
+            "lm_logits_equal_unpatched": torch.equal(step.lm_logits, step_unpatched.lm_logits),
             "mtp_losses": step.mtp_losses,
             "grad_norm": step.grad_norm,
             "reference_masked": [

@@ -232,6 +232,12 @@ class TestTensorParallel2:
                 for logged, shifted in zip(rank[k]["mtp_losses"], rank[k]["reference_mask_shifted"]):
                     assert logged != pytest.approx(shifted, rel=100 * REL)
 
+    def test_lm_loss_equals_unpatched_on_every_rank(self, tp2_ranks):
+        for rank in tp2_ranks:
+            for k in ("1", "2"):
+                assert rank[k]["lm_loss"] == rank[k]["unpatched_lm_loss"], f"rank {rank['rank']}, mtp_num_layers {k}"
+                assert rank[k]["lm_logits_equal_unpatched"], f"rank {rank['rank']}, mtp_num_layers {k}"
+
     def test_losses_equal_the_one_rank_run(self, tp2_ranks, steps):
         for rank in tp2_ranks:
             for k in (1, 2):
