@@ -25,10 +25,6 @@ class Verdict:
     code: int  # APPLIES, ALREADY_APPLIED or DRIFTED
     message: str
 
-    @property
-    def state(self) -> str:
-        return {APPLIES: "applies", ALREADY_APPLIED: "already applied", DRIFTED: "drifted"}[self.code]
-
 
 def diff_for(target: Target, patch: Patch) -> str:
     """The whole patch where upstream's tests are present; the source hunks alone elsewhere."""

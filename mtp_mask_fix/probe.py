@@ -19,6 +19,7 @@ def probe(import_root: Path) -> dict:
     import torch
 
     import megatron.bridge.training.gpt_step as gpt_step
+    from mtp_mask_fix.harness import tiny_mtp  # its fakes only; importing it builds nothing
 
     imported = Path(gpt_step.__file__).resolve()
     if not imported.is_relative_to(import_root.resolve()):
@@ -33,22 +34,6 @@ def probe(import_root: Path) -> dict:
             seen.update(kwargs)
             return torch.zeros(1, 4)
 
-    class Timer:
-        def __call__(self, *args, **kwargs):
-            return self
-
-        def start(self):
-            pass
-
-        def stop(self):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
     class Group:
         def size(self):
             return 1
@@ -56,7 +41,7 @@ def probe(import_root: Path) -> dict:
         def rank(self):
             return 0
 
-    state = type("State", (), {"timers": Timer(), "straggler_timer": Timer(), "cfg": None})()
+    state = tiny_mtp.make_state()
     config = type("Config", (), {"mtp_num_layers": 1, "is_hybrid_model": False, "seq_length": 4})()
     gpt_step.get_model_config = lambda model: config
     gpt_step.get_pg_collection = lambda model: type("PG", (), {"pp": Group(), "cp": Group()})()
