@@ -1,54 +1,86 @@
-"""The upstream-bound tests must be tight: each plausible but wrong fix turns at least one of them red.
+"""The regression gate (tests/unit_tests) must be tight and fair: every plausible wrong fix turns at least one of its
+tests red, and every correct fix written another way keeps all of them green.
 
-Each variant rewrites the patched lines of the generated view (our own lines, plus the schedule-plan call
-that the fix must keep) and runs tests/unit_tests against it, all sessions forked from one warm process.
+Each variant rewrites the fix in a copy of the view and runs tests/unit_tests with that tree first on the import
+path; all sessions are forked from one warm process.
 """
 
 import pytest
 
+from mtp_mask_fix.outcome import Outcome
 from mtp_mask_fix.patch import VIEW, WORK
 from mtp_mask_fix.redgreen import Job, Manifest, run_many
+from mtp_mask_fix.trees import materialise
 
 
-FIX = '"loss_mask": loss_mask,'
+GPT_STEP = "megatron/bridge/training/gpt_step.py"
+GATE = "    if use_mtp:\n"
+FIX = 'forward_args["loss_mask"] = loss_mask\n'
+BLOCK = GATE + "        # MCore's MTP loss falls back to an all-ones mask without it (#6103).\n        " + FIX
+CALL = "output_tensor = model(**forward_args)\n"
+PLAN = "labels=labels, loss_mask=loss_mask\n"
 WRONG_FIXES = {
-    "only when MTP is on": (FIX, '**({"loss_mask": loss_mask} if use_mtp else {}),'),
-    "only when a mask exists": (FIX, '**({"loss_mask": loss_mask} if loss_mask is not None else {}),'),
-    "another tensor (labels)": (FIX, '"loss_mask": labels,'),
-    "a copy of the mask": (FIX, '"loss_mask": None if loss_mask is None else loss_mask.clone(),'),
-    "a bool mask": (FIX, '"loss_mask": None if loss_mask is None else loss_mask.bool(),'),
-    "a shifted mask": (FIX, '"loss_mask": None if loss_mask is None else torch.roll(loss_mask, -1, dims=-1),'),
-    "another kwarg name": (FIX, '"mtp_loss_mask": loss_mask,'),
-    "only gpt_step's own get_batch (not deepseek_v4_step)": (
-        FIX,
-        '**({"loss_mask": loss_mask} if _get_batch_fn is None else {}),',
-    ),
-    "mask dropped from the schedule-plan path": ("labels=labels, loss_mask=loss_mask", "labels=labels"),
+    "reverted": [(BLOCK, "")],
+    "another kwarg name": [(FIX, 'forward_args["mtp_loss_mask"] = loss_mask\n')],
+    "a shifted mask": [(FIX, 'forward_args["loss_mask"] = None if loss_mask is None else loss_mask.roll(-1, -1)\n')],
+    "an all-ones mask": [
+        (FIX, 'forward_args["loss_mask"] = None if loss_mask is None else torch.ones_like(loss_mask)\n')
+    ],
+    "labels as the mask": [(FIX, 'forward_args["loss_mask"] = labels\n')],
+    "the attention mask as the mask": [(FIX, 'forward_args["loss_mask"] = attention_mask\n')],
+    "the schedule-plan path loses it": [(PLAN, "labels=labels\n")],
+    "only packed batches": [(GATE, "    if use_mtp and packed_seq_metadata is not None:\n")],
+    "only dense batches": [(GATE, "    if use_mtp and packed_seq_metadata is None:\n")],
+    "only in training mode": [(GATE, '    if use_mtp and getattr(model, "training", True):\n')],
+    "only with gradients on": [(GATE, "    if use_mtp and torch.is_grad_enabled():\n")],
+    "only gpt_step's own get_batch (not deepseek_v4_step)": [(GATE, "    if use_mtp and _get_batch_fn is None:\n")],
+    "passed to every model, one without loss_mask too (#6105)": [(GATE, "    if True:\n")],
 }
+CORRECT_REWRITES = {
+    "a copy of the mask": [(FIX, 'forward_args["loss_mask"] = None if loss_mask is None else loss_mask.clone()\n')],
+    "only when a mask exists": [(GATE, "    if use_mtp and loss_mask is not None:\n")],
+    "mtp_num_layers read again": [(GATE, '    if getattr(config, "mtp_num_layers", None):\n')],
+    "a keyword of the model call": [
+        (BLOCK, ""),
+        (CALL, 'output_tensor = model(**forward_args, **({"loss_mask": loss_mask} if use_mtp else {}))\n'),
+    ],
+    "an entry of the forward_args literal": [
+        (BLOCK, ""),
+        (
+            '"labels": labels,\n    }\n',
+            '"labels": labels,\n        **({"loss_mask": loss_mask} if use_mtp else {}),\n    }\n',
+        ),
+    ],
+}
+UNIT_TESTS = set(Manifest.load().fail_to_pass["unit"]) | set(Manifest.load().pass_to_pass["unit"])
 
 
 @pytest.fixture(scope="module")
-def red_counts():
-    """For each wrong fix: how many upstream-bound tests fail by assertion against it."""
-    view = VIEW.read_text()
-    variants_dir = WORK / "wrong_fixes"
-    variants_dir.mkdir(parents=True, exist_ok=True)
+def runs():
+    """tests/unit_tests once per variant, each against a copy of the view with its rewrite."""
+    view = (VIEW / GPT_STEP).read_text()
+    variants = {**WRONG_FIXES, **CORRECT_REWRITES}
     jobs = []
-    for index, (old, new) in enumerate(WRONG_FIXES.values()):
-        assert view.count(old) == 1, f"the view no longer holds {old!r} exactly once"
-        variant = variants_dir / f"gpt_step_{index}.py"
-        variant.write_text(view.replace(old, new))
-        jobs.append(Job(["tests/unit_tests"], env={"MTP_FIX_GPT_STEP": str(variant)}))
-    runs = run_many(jobs)
-    unit_ids = set(Manifest.load().fail_to_pass["unit"]) | set(Manifest.load().pass_to_pass["unit"])
-    counts = {}
-    for name, run in zip(WRONG_FIXES, runs):
-        assert set(run.outcomes) == unit_ids, f"{name}: the variant did not run every unit test"
-        counts[name] = sum(outcome == "assertion" for outcome in run.outcomes.values())
-    return counts
+    for index, edits in enumerate(variants.values()):
+        text = view
+        for old, new in edits:
+            assert text.count(old) == 1, f"the view no longer holds {old!r} exactly once"
+            text = text.replace(old, new)
+        tree = materialise(VIEW, WORK / "variants" / str(index), rewrite={GPT_STEP: text})
+        jobs.append(Job(("tests/unit_tests",), tree))
+    return dict(zip(variants, run_many(jobs)))
 
 
 class TestWrongFixesTurnRed:
     @pytest.mark.parametrize("name", WRONG_FIXES)
-    def test_wrong_fix_is_caught(self, red_counts, name):
-        assert red_counts[name] > 0, f"no upstream-bound test notices: {name}"
+    def test_wrong_fix_is_caught(self, runs, name):
+        assert set(runs[name].outcomes) == UNIT_TESTS, f"{name}: the variant did not run every unit test"
+        red = [n for n, o in runs[name].outcomes.items() if o in (Outcome.ASSERTION, Outcome.OTHER_FAILURE)]
+        assert red, f"no test of tests/unit_tests notices: {name}"
+
+
+class TestCorrectRewritesStayGreen:
+    @pytest.mark.parametrize("name", CORRECT_REWRITES)
+    def test_correct_rewrite_passes(self, runs, name):
+        assert {n: o for n, o in runs[name].outcomes.items() if o != Outcome.PASSED} == {}
+        assert set(runs[name].outcomes) == UNIT_TESTS
