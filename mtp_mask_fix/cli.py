@@ -1,7 +1,7 @@
-"""mtp-mask-fix: check, apply and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
+"""mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
 
-Exit codes: 0 ok (check: the patch applies, the bug is present) · 2 bad input · 3 already applied ·
-4 drifted · 5 a gate or verification failed.
+Exit codes: 0 ok (check: the patch applies, the bug is present) · 2 bad input · 3 already applied or an
+equivalent fix (retire the patch) · 4 drifted · 5 a gate, a red/green run or a behaviour check failed.
 """
 
 import argparse
@@ -10,13 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtp_mask_fix.errors import FAILED, USAGE, ToolError
+from mtp_mask_fix import check, gate, pr, probe, refresh, targets, trees
+from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.patch import Patch
 
 
-TARGET_HELP = (
-    "a Megatron-Bridge git checkout, a source tree holding src/megatron/bridge, a directory holding "
-    "megatron/bridge (site-packages), or a PyPI version such as 0.6.2 (default: the pinned release)"
-)
+TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
+RELEASE = "a release version such as 0.6.2, or `latest`"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -24,127 +24,154 @@ class _Parser(argparse.ArgumentParser):
         raise ToolError(f"{message} (see {self.prog} --help)")
 
 
+def _python(args) -> str:
+    if shutil.which(args.python) is None:
+        raise ToolError(f"--python {args.python}: no such interpreter")
+    return args.python
+
+
+def cmd_check(args) -> Exit:
+    verdict = check.check(targets.resolve(args.target), Patch.load(args.patch))
+    print(verdict)
+    return verdict.state.code
+
+
+def cmd_apply(args) -> Exit:
+    target, patch = targets.resolve(args.target), Patch.load(args.patch)
+    if args.branch:
+        print(check.make_branch(target, patch, args.branch))
+    else:
+        print(check.apply(target, patch, python=None if args.no_verify else _python(args)))
+    return Exit.OK
+
+
+def cmd_verify(args) -> Exit:
+    python = _python(args)
+    target = targets.resolve(args.target or str(probe.imported_by(python)))
+    found = probe.verify(target, python)
+    if not found.delivered:
+        raise ToolError(f"{target.label}: {found.reason}", Exit.FAILED)
+    print(f"{target.label}: {found.reason}")
+    return Exit.OK
+
+
+def cmd_gate(args) -> Exit:
+    if args.checkouts_only and not args.checkout:
+        raise ToolError("--checkouts-only needs at least one --checkout DIR")
+    versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
+    checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
+    releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
+    return gate.gate([*releases.values(), *checkouts], Patch.load(args.patch), _python(args))
+
+
+def cmd_refresh(args) -> Exit:
+    upstream = targets.checkout(args.upstream)
+    print(refresh.refresh(upstream, args.rev, python=None if args.no_verify else _python(args)))
+    return Exit.OK
+
+
+def cmd_status(args) -> Exit:
+    patch = Patch.load(args.patch)
+    print(f"{patch.path.name}: {patch.subject}")
+    print("".join(f"  {key}: {value}\n" for key, value in patch.metadata.items()), end="")
+    print(f"  on {check.check(targets.resolve(args.target), patch)}")
+    return Exit.OK
+
+
+def cmd_pr(args) -> Exit:
+    print(pr.render(args.figures))
+    return Exit.OK
+
+
+def cmd_repro(args) -> Exit:
+    from mtp_mask_fix.harness.repro import format_table, run_repro  # imports torch
+
+    print(format_table(run_repro(args.out)))
+    print(f"\nwrote {args.out / 'figures.json'} and {args.out / 'mtp_ce_per_position.png'}")
+    return Exit.OK
+
+
+def cmd_view(args) -> Exit:
+    print(trees.write_view(Patch.load(args.patch)))
+    return Exit.OK
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """Subcommands and their options."""
     parser = _Parser(prog="mtp-mask-fix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    check = sub.add_parser("check", help="say whether the patch applies, is already applied, or has drifted")
-    check.add_argument("target", nargs="?", help=TARGET_HELP)
+    def command(func, help, *, target=None, python=None):
+        p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
+        p.set_defaults(func=func)
+        if target:
+            p.add_argument("target", nargs=None if target == "required" else "?", help=f"{TARGET}, or {target}")
+        if python:
+            p.add_argument("--python", default=sys.executable, help=python)
+        return p
 
-    apply = sub.add_parser("apply", help="apply the patch (all or nothing), then verify by behaviour")
-    apply.add_argument(
-        "target", help=TARGET_HELP.replace(", or a PyPI version such as 0.6.2 (default: the pinned release)", "")
+    probe_python = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
+    test_python = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
+    command(
+        cmd_check, "applies / already applied (or an equivalent fix) / drifted", target=f"{RELEASE} (default: the pin)"
     )
-    apply.add_argument("--branch", help="git checkouts: make this branch with `git am -s` (your sign-off)")
-    apply.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
-    apply.add_argument("--python", default=sys.executable, help="interpreter that trains, for the probe")
-
-    gate = sub.add_parser("gate", help="red/green on base and patched trees of each target; non-zero on failure")
-    gate.add_argument("--release", action="append", help="PyPI release to gate (repeatable; default: all supported)")
-    gate.add_argument("--checkout", action="append", type=Path, default=[], help="also gate an upstream checkout")
-    gate.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
-    gate.add_argument(
-        "--python", default=sys.executable, help="interpreter whose megatron-core matches the targets (e.g. main's)"
+    p = command(
+        cmd_apply, "apply the patch (all or nothing), then verify by behaviour", target="required", python=probe_python
     )
-
-    refresh = sub.add_parser("refresh", help="regenerate the patch from an upstream checkout and this repo's tests")
-    refresh.add_argument("--upstream", type=Path, required=True, help="Megatron-Bridge git checkout")
-    refresh.add_argument("--base", help="upstream commit to rebase on (default: the patch's base-commit)")
-
-    pr = sub.add_parser("pr", help="print the PR title and body, with figures measured by `repro`")
-    pr.add_argument("--figures", type=Path, help="figures.json from `repro` (default: measure now)")
-
-    repro = sub.add_parser("repro", help="tiny real MTP model: the report's table before/after, and a plot")
-    repro.add_argument("--out", type=Path, default=Path(".work/repro"), help="where figures.json and the PNG go")
-
-    status = sub.add_parser("status", help="the patch's upstream status, and whether TARGET still needs it")
-    status.add_argument("target", nargs="?", help=TARGET_HELP)
-
-    sub.add_parser("view", help="write src/.../gpt_step.py = pinned release + patch (and the base beside it)")
+    p.add_argument("--branch", help="git checkouts: make this branch with `git am -s` (your sign-off)")
+    p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
+    command(
+        cmd_verify,
+        "exit 0 only if the batch's loss_mask reaches a model with MTP on",
+        target=f"{RELEASE} (default: what --python imports)",
+        python=probe_python,
+    )
+    p = command(
+        cmd_gate,
+        "red/green on base and patched trees of each target; non-zero unless the patch holds",
+        python=test_python,
+    )
+    p.add_argument("--release", action="append", help=f"{RELEASE}; repeatable (default: the pin and `latest`)")
+    p.add_argument("--checkout", action="append", type=Path, default=[], help="also gate an upstream checkout (HEAD)")
+    p.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
+    p = command(
+        cmd_refresh,
+        "rewrite the patch from its commit in an upstream checkout, once it holds there",
+        python=test_python,
+    )
+    p.add_argument("--upstream", type=Path, required=True, help="the Megatron-Bridge git checkout holding the commit")
+    p.add_argument(
+        "--from", dest="rev", default="HEAD", help="the commit to take, on top of its parent (default: HEAD)"
+    )
+    p.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
+    command(cmd_pr, "print the review comment for #6105 and the PR body, with measured figures").add_argument(
+        "--figures", type=Path, help="figures.json from `repro` (default: measure now)"
+    )
+    command(cmd_repro, "tiny real MTP model: the report's table before/after, and a plot").add_argument(
+        "--out", type=Path, default=Path(".work/repro"), help="where figures.json and the PNG go"
+    )
+    command(
+        cmd_status,
+        "the patch's DEP-3 block, and whether TARGET still needs the patch",
+        target=f"{RELEASE} (default: the pin)",
+    )
+    command(cmd_view, "write src/ = the pinned release + the patch (importable as megatron.bridge)")
     return parser
-
-
-def run(argv: list[str]) -> int:
-    """Run one subcommand; returns its exit code (refusals raise ToolError)."""
-    args = build_parser().parse_args(argv)
-    from mtp_mask_fix.patch import Patch
-
-    if args.command == "check":
-        from mtp_mask_fix.apply import check
-        from mtp_mask_fix.targets import resolve
-
-        verdict = check(resolve(args.target), Patch.load(args.patch))
-        print(verdict.message)
-        return verdict.code
-    if args.command == "apply":
-        from mtp_mask_fix.apply import apply, make_branch
-        from mtp_mask_fix.targets import resolve
-
-        target, patch = resolve(args.target), Patch.load(args.patch)
-        print(
-            make_branch(target, patch, args.branch)
-            if args.branch
-            else apply(target, patch, verify=not args.no_verify, python=args.python)
-        )
-        return 0
-    if args.command == "gate":
-        from mtp_mask_fix.gate import gate
-        from mtp_mask_fix.targets import SUPPORTED_RELEASES
-
-        if args.checkouts_only and not args.checkout:
-            raise ToolError("--checkouts-only needs at least one --checkout DIR")
-        if shutil.which(args.python) is None:
-            raise ToolError(f"--python {args.python}: no such interpreter")
-        releases = [] if args.checkouts_only else args.release or list(SUPPORTED_RELEASES)
-        return gate(releases, args.checkout, Patch.load(args.patch), args.python)
-    if args.command == "status":
-        from mtp_mask_fix.apply import check
-        from mtp_mask_fix.targets import resolve
-
-        patch = Patch.load(args.patch)
-        print(f"{patch.path.name}: {patch.subject}")
-        for key, value in patch.metadata().items():
-            print(f"  {key}: {value}")
-        verdict = check(resolve(args.target), patch)
-        print(f"  on {verdict.message}")
-        return 0
-    if args.command == "refresh":
-        from mtp_mask_fix.refresh import refresh
-
-        path, changed = refresh(args.upstream, args.base)
-        print(f"{path.name}: {'rewritten' if changed else 'unchanged (byte-identical)'}")
-        return 0
-    if args.command == "pr":
-        from mtp_mask_fix.pr import render_pr
-
-        print(render_pr(args.figures))
-        return 0
-    if args.command == "repro":
-        from mtp_mask_fix.repro import format_table, run_repro
-
-        figures = run_repro(args.out)
-        print(format_table(figures))
-        print(f"\nwrote {args.out / 'figures.json'} and {args.out / 'mtp_ce_per_position.png'}")
-        return 0
-    from mtp_mask_fix.view import write_view
-
-    print(write_view())
-    return 0
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr for any refusal, and its exit code."""
     try:
-        code = run(sys.argv[1:] if argv is None else argv)
+        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+        code = args.func(args)
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         code = exc.code
     except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
-        reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]
-        print(f"mtp-mask-fix: error: {' '.join(exc.cmd[:2])} failed: {reason[-1]}", file=sys.stderr)
-        code = FAILED
+        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        reason = stderr.strip().splitlines() or [f"exit {exc.returncode}"]
+        print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
+        code = Exit.FAILED
     except KeyboardInterrupt:
-        code = USAGE
-    sys.exit(code)
+        code = Exit.USAGE
+    sys.exit(int(code))

@@ -1,200 +1,190 @@
-"""gate: on each target, materialise the base and patched trees, run FAIL_TO_PASS and PASS_TO_PASS on both,
-show every source hunk is needed, and print a verdict table. Fails while the bug would go unfixed.
+"""gate: for each target, where it stands (check), then base and patched trees with FAIL_TO_PASS / PASS_TO_PASS on
+both, and every source hunk needed; a verdict table. Non-zero while the patch drifts, is no longer needed, or does
+not hold.
 
-PyPI releases: this repo's unit tests run against the release's own files (PYTHONPATH = the tree).
-Upstream checkouts (HEAD): upstream's tests/unit_tests/training tests run inside the trees, SWE-bench
-style: the base tree gets the patch's test part only, the patched tree the whole patch.
+Releases run this repo's tests/unit_tests (FAIL_TO_PASS / PASS_TO_PASS from tests/red_green.toml) against the
+release's own files. Upstream checkouts run upstream's own test files that the patch changes, inside the trees
+(SWE-bench style: the base tree gets the patch's test part, the patched tree the whole patch): the tests the
+patch adds or changes must pass patched and, on the base, pass or fail by assertion (at least one must), and every
+other test must pass on both.
 """
 
-import hashlib
-import os
+import ast
+import json
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
-from mtp_mask_fix.errors import FAILED, ToolError
-from mtp_mask_fix.patch import REPO, WORK, Patch, apply_diff, first_error_line, git
-from mtp_mask_fix.redgreen import Job, Manifest, Run, problems, run_many, still_red
-from mtp_mask_fix.targets import SUPPORTED_RELEASES, Target, pypi_release, require_git_checkout
+from mtp_mask_fix.check import State, check
+from mtp_mask_fix.errors import Exit
+from mtp_mask_fix.outcome import Outcome
+from mtp_mask_fix.patch import WORK, Patch, git
+from mtp_mask_fix.redgreen import Job, Manifest, Run, problems, run_many
+from mtp_mask_fix.targets import Kind, Target
+from mtp_mask_fix.trees import materialise
 
 
-UPSTREAM_TEST_FILES = ("tests/unit_tests/training/test_gpt_step.py",)
+class Verdict(Enum):
+    """A target's line in the table, and the exit code it asks for."""
+
+    PASS = ("PASS", Exit.OK)  # needed, applies, red on the base by assertion, green patched, every hunk needed
+    OTHER_ENVIRONMENT = ("applies; its tests need another environment", Exit.OK)
+    RETIRE = ("upstream has the fix: retire the patch", Exit.ALREADY_APPLIED)
+    DRIFTED = ("DRIFTED", Exit.DRIFTED)
+    FAIL = ("FAIL", Exit.FAILED)
 
 
 @dataclass
-class Trees:
-    """One target's trees: 'base', 'patched', and one per source hunk left out (keyed 'without <hunk>')."""
+class Row:
+    """One target: its trees (name -> jobs), what they showed, and the verdict."""
 
     target: Target
-    roots: dict[str, Path] = field(default_factory=dict)
+    base: Job | None = None
+    patched: Job | None = None
+    without: list[Job] = field(default_factory=list)  # the patch with source hunk i + 1 left out
     fail_to_pass: list[str] = field(default_factory=list)
     pass_to_pass: list[str] = field(default_factory=list)
-    pytest_args: list[str] = field(default_factory=list)
-    run_inside_tree: bool = False  # upstream trees: run pytest from the tree, under upstream's own config
+    upstream_files: list[str] = field(default_factory=list)  # upstream's test files the patch changes (checkouts)
+    touched: set[str] = field(default_factory=set)  # their tests that the patch adds or changes
+    verdict: Verdict = Verdict.PASS
+    notes: list[str] = field(default_factory=list)
+    red: str = "-"
+    green: str = "-"
 
 
-def log(message: str) -> None:
-    """One progress line per step."""
-    print(f"[gate] {message}", flush=True)
+SUMMARY = WORK / "gate" / "summary.json"  # each target's last row, for `pr`
 
 
-def _tree_digest(root: Path) -> str:
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
+def release_row(target: Target, patch: Patch, manifest: Manifest) -> Row:
+    """The release as shipped (base), with the source hunks (patched), and with each source hunk left out."""
+    row = Row(target, fail_to_pass=manifest.fail_to_pass["unit"], pass_to_pass=manifest.pass_to_pass["unit"])
+    work = WORK / "gate" / target.root.name
+    diffs = ["", patch.part(src=True)] + [patch.part(src=True, leave_out=h) for h in patch.source_hunks()]
+    trees = [materialise(target.root, work / str(i), diff) if diff else target.root for i, diff in enumerate(diffs)]
+    row.base, row.patched, *row.without = [Job(("tests/unit_tests",), tree) for tree in trees]
+    return row
 
 
-def _materialise(source: Path, dest: Path, diff: str, strip: int) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__"))
-    if diff:
-        error = apply_diff(diff, dest, strip=strip)
-        if error:
-            raise ToolError(f"{dest}: {first_error_line(error)}", FAILED)
+def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
+    """Upstream at `rev` plus the patch's test part (base), plus the whole patch (patched), and leave-one-out."""
+    row = Row(target, upstream_files=patch.test_files())
+    work = WORK / "gate" / f"checkout-{target.root.name}"
+    upstream = work / "upstream"
+    shutil.rmtree(upstream, ignore_errors=True)
+    upstream.mkdir(parents=True)
+    present = set(git("ls-tree", "--name-only", rev, cwd=target.root).stdout.split())
+    paths = [path for path in ("src", "tests", "pyproject.toml", "ruff.toml") if path in present]
+    archive = subprocess.run(["git", "-C", str(target.root), "archive", rev, *paths], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(upstream)], input=archive.stdout, check=True)
+    diffs = [patch.part(src=False), patch.part()] + [patch.part(leave_out=h) for h in patch.source_hunks()]
+    args = ("-p", "mtp_mask_fix.harness.cpu_shims", "-o", "addopts=", "--strict-markers", *row.upstream_files)
+    jobs = []
+    for diff in diffs:
+        tree = work / str(diffs.index(diff))  # a leave-one-out diff equal to the base's is the base tree
+        if diffs.index(diff) == len(jobs):
+            materialise(upstream, tree, diff, strip=1)
+        jobs.append(Job(args, tree / "src", cwd=tree))
+    row.base, row.patched, *row.without = jobs
+    row.touched = touched_tests(row.upstream_files, upstream, work / "1")
+    row.notes = lint(work / "1", [f.path for f in patch.files])
+    return row
 
 
-def release_trees(version: str, patch: Patch, manifest: Manifest) -> Trees:
-    """The release as shipped (base), with the source hunks (patched), and with each hunk left out."""
-    release = pypi_release(version)
-    work = WORK / "gate" / version
-    trees = Trees(release, fail_to_pass=manifest.fail_to_pass["unit"], pass_to_pass=manifest.pass_to_pass["unit"])
-    trees.roots["base"] = release.root
-    _materialise(release.root, work / "patched", patch.part(src=True), release.strip)
-    trees.roots["patched"] = work / "patched"
-    for index, hunk in enumerate(patch.source_hunks()):
-        name = f"without hunk {index + 1}"
-        _materialise(release.root, work / f"without-{index + 1}", patch.part(src=True, hunks_left_out=(hunk,)), 2)
-        trees.roots[name] = work / f"without-{index + 1}"
-    trees.pytest_args = trees.fail_to_pass + trees.pass_to_pass
-    return trees
+def lint(tree: Path, files: list[str]) -> list[str]:
+    """ruff with the tree's own config (upstream's ruff.toml) on the files the patch changes: a note per finding."""
+    config = ["--config", "ruff.toml"] if (tree / "ruff.toml").exists() else []
+    found = []
+    for command in (["check", "--output-format", "concise"], ["format", "--check"]):
+        ruff = [sys.executable, "-m", "ruff", *command, *config, "--no-cache", *files]
+        done = subprocess.run(ruff, cwd=tree, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.strip() and not line.startswith(("Found", "Would"))]
+        found += [f"ruff {command[0]}: {line}" for line in lines] if done.returncode else []
+    return found
 
 
-def checkout_trees(path: Path, patch: Patch, manifest: Manifest, python: str) -> Trees:
-    """HEAD of the checkout plus the test part (base), plus the whole patch (patched), and leave-one-out."""
-    checkout = Target(str(path), require_git_checkout(path).resolve(), "git")
-    head = git("rev-parse", "--short", "HEAD", cwd=checkout.root).stdout.strip()
-    work = WORK / "gate" / f"checkout-{checkout.root.name}-{head}"
-    pristine = work / "upstream"
-    if pristine.exists():
-        shutil.rmtree(pristine)
-    pristine.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "-C", str(checkout.root), "archive", "HEAD", "src", "tests", "pyproject.toml"], capture_output=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(pristine)], input=archive.stdout, check=True)
-    trees = Trees(Target(f"{path} @ {head}", pristine, "tree"), run_inside_tree=True)
-    _materialise(pristine, work / "base", patch.part(src=False), 1)
-    _materialise(pristine, work / "patched", patch.part(), 1)
-    trees.roots = {"base": work / "base", "patched": work / "patched"}
-    for index, hunk in enumerate(patch.source_hunks()):
-        name = f"without hunk {index + 1}"
-        _materialise(pristine, work / f"without-{index + 1}", patch.part(hunks_left_out=(hunk,)), 1)
-        trees.roots[name] = work / f"without-{index + 1}"
-    ours = [nodeid for nodeid in manifest.fail_to_pass["unit"] if nodeid.startswith("tests/unit_tests/")]
-    present = set(_collect(trees.roots["patched"], list(UPSTREAM_TEST_FILES), python))
-    trees.fail_to_pass = ours + [nodeid for nodeid in manifest.fail_to_pass["upstream"] if nodeid in present]
-    trees.pass_to_pass = [n for n in manifest.pass_to_pass["unit"] if n.startswith("tests/unit_tests/")]
-    trees.pass_to_pass += sorted(present - set(trees.fail_to_pass))
-    test_files = sorted({nodeid.split("::")[0] for nodeid in trees.fail_to_pass + trees.pass_to_pass})
-    trees.pytest_args = ["-o", "addopts=", "--strict-markers", *test_files]
-    return trees
+def touched_tests(files: list[str], base_root: Path, patched_root: Path) -> set[str]:
+    """Upstream tests (`file::Class::test`) that the patch adds or changes: their source differs between the trees."""
+
+    def tests(path: Path) -> dict[str, str]:
+        text = path.read_text() if path.exists() else ""
+        try:
+            module = ast.parse(text)
+        except SyntaxError:  # pytest reports it as a collection error
+            return {}
+        classes = [node for node in module.body if isinstance(node, ast.ClassDef)]
+        functions = [(c, f) for c in classes for f in c.body if isinstance(f, ast.FunctionDef)]
+        return {
+            f"{c.name}::{f.name}": ast.get_source_segment(text, f) for c, f in functions if f.name.startswith("test")
+        }
+
+    found = set()
+    for path in files:
+        before = tests(base_root / path)
+        found |= {f"{path}::{name}" for name, code in tests(patched_root / path).items() if before.get(name) != code}
+    return found
 
 
-def _collect(root: Path, files: list[str], python: str) -> list[str]:
-    result = subprocess.run(
-        [python, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=", "-p", "no:cacheprovider"]
-        + ["-p", "mtp_mask_fix.harness.pytest_plugin", *files],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=f"{root / 'src'}{os.pathsep}{REPO}", MTP_FIX_GPT_STEP="installed"),
-    )
-    return [line for line in result.stdout.splitlines() if "::" in line]
+def judge(row: Row, runs: dict[Job, Run]) -> None:
+    """Fill the row's verdict from the runs of its sessions."""
+    base, patched = runs[row.base], runs[row.patched]
+    if base.collection_errors():
+        row.verdict, row.notes = Verdict.OTHER_ENVIRONMENT, base.collection_errors()[:1]
+        return
+    upstream = [n for n in patched.outcomes if n.split("::")[0] in row.upstream_files]
+    red = [n for n in upstream if n.split("[")[0] in row.touched and base.of(n) == Outcome.ASSERTION]
+    fail_to_pass, pass_to_pass = row.fail_to_pass + red, row.pass_to_pass + [n for n in upstream if n not in red]
+    row.notes += problems(base, patched, fail_to_pass, pass_to_pass)
+    if row.upstream_files and not red:
+        row.notes.append(f"no test the patch adds to {', '.join(row.upstream_files)} fails on the base by assertion")
+    for hunk, job in enumerate(row.without, 1):
+        if not any(runs[job].of(n) == Outcome.ASSERTION for n in fail_to_pass):
+            row.notes.append(f"without source hunk {hunk} no FAIL_TO_PASS test goes red: that hunk is not needed")
+    row.red = f"{sum(base.of(n) == Outcome.ASSERTION for n in fail_to_pass)}/{len(fail_to_pass)}"
+    row.green = f"{sum(patched.of(n) == Outcome.PASSED for n in fail_to_pass + pass_to_pass)}/{len(fail_to_pass) + len(pass_to_pass)}"
+    row.verdict = Verdict.FAIL if row.notes else Verdict.PASS
 
 
-def _job(trees: Trees, name: str) -> Job:
-    root = trees.roots[name]
-    import_root = root / "src" if (root / "src").is_dir() else root
-    env = {"PYTHONPATH": str(import_root), "MTP_FIX_GPT_STEP": "installed"}
-    return Job(trees.pytest_args, cwd=root if trees.run_inside_tree else REPO, env=env)
+def sessions(rows: list[Row]) -> list[Job]:
+    """Every distinct pytest session the rows need (a tree equal to its base shares the base's session)."""
+    return list(dict.fromkeys(job for row in rows if row.base for job in [row.base, row.patched, *row.without]))
 
 
-def _check_imported(trees: Trees, name: str, run: Run) -> None:
-    import_root = _job(trees, name).env["PYTHONPATH"]
-    stray = {f for f in run.gpt_step_files if not Path(f).resolve().is_relative_to(Path(import_root).resolve())}
-    if stray:
-        raise ToolError(f"{trees.target.label} {name}: tests imported {sorted(stray)}, not the tree's gpt_step.py")
+def evaluate(rows: list[Row], python: str) -> None:
+    """Run every session once and judge each row; record the rows for `pr`."""
+    runs = dict(zip(sessions(rows), run_many(sessions(rows), python)))
+    for row in [row for row in rows if row.base]:
+        judge(row, runs)
+    summary = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
+    summary |= {row.target.label: {"verdict": row.verdict.name, "red": row.red, "green": row.green} for row in rows}
+    SUMMARY.parent.mkdir(parents=True, exist_ok=True)
+    SUMMARY.write_text(json.dumps(summary, indent=1))
 
 
-def gate(releases: list[str], checkouts: list[Path], patch: Patch, python: str = sys.executable) -> int:
-    """Run every tree's tests (two pytest processes at a time), print the table; 0 only if all hold."""
-    manifest = Manifest.load()
-    unknown = [v for v in releases if v not in SUPPORTED_RELEASES]
-    if unknown:
-        raise ToolError(f"unsupported release {unknown[0]} (supported: {', '.join(SUPPORTED_RELEASES)})")
-    for path in checkouts:
-        require_git_checkout(path)
-    start = time.monotonic()
-    all_trees = []
-    for version in releases:
-        log(f"{version}: materialising base, patched and leave-one-hunk-out trees")
-        all_trees.append(release_trees(version, patch, manifest))
-    for path in checkouts:
-        log(f"{path}: materialising base (tests only), patched and leave-one-hunk-out trees")
-        all_trees.append(checkout_trees(path, patch, manifest, python))
-
-    # A leave-one-out tree identical to base (a single-hunk patch) reuses base's run instead of repeating it.
-    jobs, same_as = [], {}
-    for trees in all_trees:
-        base_digest = _tree_digest(trees.roots["base"])
-        for name, root in trees.roots.items():
-            if name.startswith("without") and _tree_digest(root) == base_digest:
-                same_as[(id(trees), name)] = "base"
-            else:
-                jobs.append((trees, name))
-
-    def done(index: int, run: Run) -> None:
-        trees, name = jobs[index]
-        log(f"{trees.target.label} {name}: {len(run.outcomes)} tests in {run.seconds:.1f} s")
-
-    log(f"running {len(jobs)} pytest sessions, forked from one warm process")
-    results = run_many([_job(trees, name) for trees, name in jobs], done, python)
-    runs: dict[tuple[int, str], Run] = {}
-    for (trees, name), run in zip(jobs, results):
-        _check_imported(trees, name, run)
-        runs[(id(trees), name)] = run
-    rows, failed = [], False
-    for trees in all_trees:
-        base, patched = runs[(id(trees), "base")], runs[(id(trees), "patched")]
-        found = problems(base, patched, trees.fail_to_pass, trees.pass_to_pass)
-        for name in trees.roots:
-            if name.startswith("without"):
-                run = runs.get((id(trees), name)) or runs[(id(trees), same_as[(id(trees), name)])]
-                if not still_red(run, trees.fail_to_pass):
-                    found.append(f"{name}: no FAIL_TO_PASS test goes red, so that hunk is not needed")
-        red = sum(base.outcomes.get(n) == "assertion" for n in trees.fail_to_pass)
-        green = sum(patched.outcomes.get(n) == "passed" for n in trees.fail_to_pass + trees.pass_to_pass)
-        total = len(trees.fail_to_pass) + len(trees.pass_to_pass)
-        seconds = sum(run.seconds for (key, _), run in runs.items() if key == id(trees))
-        rows.append((trees.target.label, f"{red}/{len(trees.fail_to_pass)}", f"{green}/{total}", found, seconds))
-        failed |= bool(found)
-    _print_table(rows, time.monotonic() - start)
-    return FAILED if failed else 0
-
-
-def _print_table(rows, total_seconds: float) -> None:
-    width = max(len(row[0]) for row in rows)
-    print(f"\n{'target':<{width}}  base: F2P red  patched: green  hunks needed  test time  verdict")
-    for label, red, green, found, test_seconds in rows:
-        hunks = "no" if any("not needed" in p for p in found) else "yes"
-        verdict = "FAIL" if found else "PASS"
-        print(f"{label:<{width}}  {red:>13}  {green:>14}  {hunks:>12}  {test_seconds:>7.1f} s  {verdict}")
-        for problem in found:
-            print(f"    {problem}")
-    verdict = "FAIL" if any(row[3] for row in rows) else "PASS"
-    print(f"\ngate: {verdict} ({len(rows)} targets, {total_seconds:.1f} s)")
+def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> Exit:
+    """Print each target's state, run every tree's tests, print the table; exit with the worst verdict's code."""
+    manifest, start, rows = Manifest.load(), time.monotonic(), []
+    for target in targets:
+        verdict = check(target, patch)
+        print(f"[gate] {verdict}", file=sys.stderr)
+        if verdict.state in (State.APPLIED, State.EQUIVALENT):
+            rows.append(Row(target, verdict=Verdict.RETIRE, notes=[str(verdict)]))
+        elif verdict.state != State.APPLIES:
+            rows.append(Row(target, verdict=Verdict.DRIFTED, notes=[str(verdict)]))
+        else:
+            rows.append(
+                checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch, manifest)
+            )
+    print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
+    evaluate(rows, python)
+    width = max(len(row.target.label) for row in rows)
+    print(f"\n{'target':<{width}}  base: F2P red  patched: green  verdict")
+    for row in rows:
+        print(f"{row.target.label:<{width}}  {row.red:>13}  {row.green:>14}  {row.verdict.value[0]}")
+        print("".join(f"    {note}\n" for note in row.notes), end="")
+    print(f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s")
+    severity = [Exit.OK, Exit.ALREADY_APPLIED, Exit.DRIFTED, Exit.FAILED]
+    return max((row.verdict.value[1] for row in rows), key=severity.index)

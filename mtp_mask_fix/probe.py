@@ -1,63 +1,48 @@
-"""Behaviour probe: does this Megatron-Bridge hand the batch's loss_mask to the model?
+"""verify: does a Megatron-Bridge hand the batch's loss_mask to a model with MTP on? Judged by behaviour.
 
-Run as `python -m mtp_mask_fix.probe IMPORT_ROOT` (IMPORT_ROOT holds megatron/bridge) under the
-interpreter that will train, so the answer is about the code that interpreter really imports. Prints
-one JSON object. Exit code 0 means the probe ran, whatever it found.
+The probe (harness/probe.py) runs under the interpreter that trains, with the target's import root first on
+PYTHONPATH, so the answer is about the code that interpreter really imports, whatever form its fix takes.
 """
 
 import json
-import sys
+import os
+import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-
-def probe(import_root: Path) -> dict:
-    """Call the real `_forward_step_common` with a recording model and a fixed batch."""
-    sys.path.insert(0, str(import_root))
-    from mtp_mask_fix.harness import cpu_shims
-
-    cpu_shims.install()  # no-op where Python >= 3.12 and TransformerEngine exist
-    import torch
-
-    import megatron.bridge.training.gpt_step as gpt_step
-    from mtp_mask_fix.harness import tiny_mtp  # its fakes only; importing it builds nothing
-
-    imported = Path(gpt_step.__file__).resolve()
-    if not imported.is_relative_to(import_root.resolve()):
-        return {"file": str(imported), "error": f"imported gpt_step from {imported}, not from {import_root}"}
-
-    loss_mask = torch.tensor([[0.0, 1.0, 1.0, 0.0]])
-    batch = (torch.tensor([[1, 2, 3, 0]]), torch.tensor([[2, 3, 0, 0]]), loss_mask, None, torch.arange(4)[None], None)
-    seen = {}
-
-    class Model:
-        def __call__(self, **kwargs):
-            seen.update(kwargs)
-            return torch.zeros(1, 4)
-
-    class Group:
-        def size(self):
-            return 1
-
-        def rank(self):
-            return 0
-
-    state = tiny_mtp.make_state()
-    config = type("Config", (), {"mtp_num_layers": 1, "is_hybrid_model": False, "seq_length": 4})()
-    gpt_step.get_model_config = lambda model: config
-    gpt_step.get_pg_collection = lambda model: type("PG", (), {"pp": Group(), "cp": Group()})()
-    gpt_step.get_batch = lambda *args, **kwargs: batch
-    _, returned_mask = gpt_step._forward_step_common(state, iter(()), Model())
-    return {
-        "file": str(imported),
-        "passes_loss_mask": "loss_mask" in seen,
-        "same_tensor_as_loss": seen.get("loss_mask") is loss_mask and returned_mask is loss_mask,
-    }
+from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.patch import REPO
+from mtp_mask_fix.targets import Target
 
 
-def main() -> None:
-    """Entry for `python -m mtp_mask_fix.probe IMPORT_ROOT`."""
-    print(json.dumps(probe(Path(sys.argv[1]))))
+@dataclass(frozen=True)
+class Found:
+    delivered: bool
+    reason: str
 
 
-if __name__ == "__main__":
-    main()
+def verify(target: Target, python: str) -> Found:
+    """Run the probe under `python` against the target's own files."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target.import_root), str(REPO)]))
+    result = subprocess.run([python, "-m", "mtp_mask_fix.harness.probe"], capture_output=True, text=True, env=env)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        return Found(
+            False,
+            f"the probe could not run {target.label} under {python} ({tail}); pass --python an "
+            "interpreter that imports this Megatron-Bridge (its megatron-core)",
+        )
+    found = json.loads(lines[-1])
+    if not Path(os.path.abspath(found["file"])).is_relative_to(os.path.abspath(target.import_root)):
+        return Found(False, f"{python} imported gpt_step from {found['file']}, not from {target.label}")
+    return Found(found["delivered"], found["reason"])
+
+
+def imported_by(python: str) -> Path:
+    """The directory holding the megatron/bridge that `python` imports (found without importing it)."""
+    code = "import importlib.util as u; s = u.find_spec('megatron.bridge'); print(s.submodule_search_locations[0])"
+    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
+    return Path(found.stdout.strip()).parents[1]

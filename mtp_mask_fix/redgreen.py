@@ -1,30 +1,30 @@
-"""FAIL_TO_PASS / PASS_TO_PASS: the manifest, a pytest run that records outcomes, and the verdicts.
+"""FAIL_TO_PASS / PASS_TO_PASS: the manifest, pytest sessions that record outcomes, and the contract between them.
 
-A FAIL_TO_PASS test counts as red only when it fails by an AssertionError in the test body; an import
-error, a collection error, a fixture error or a skip never does (SWE-bench's rule).
+Each session chooses its code under test the one way this repo knows: a tree first on the import path
+(`-o pythonpath=TREE`). Sessions are forked from one warm process (warm_pytest), two at a time.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
-import time
 import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtp_mask_fix.errors import FAILED, ToolError
+from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.outcome import Outcome
 from mtp_mask_fix.patch import REPO
 
 
 MANIFEST = REPO / "tests" / "red_green.toml"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Manifest:
-    """Test ids (relative to the repo root, or to an upstream tree for [upstream]) per suite."""
+    """Test ids per suite ([unit], [functional]): which must go red on the base, which must stay green."""
 
     fail_to_pass: dict[str, list[str]]
     pass_to_pass: dict[str, list[str]]
@@ -38,123 +38,92 @@ class Manifest:
         )
 
 
+@dataclass(frozen=True)
+class Job:
+    """One pytest session: its arguments, the tree first on its import path, and where it runs."""
+
+    args: tuple[str, ...]
+    tree: Path
+    cwd: Path = REPO
+
+
 @dataclass
 class Run:
-    """One pytest process: outcome per node id, the gpt_step.py files it imported, and its wall time."""
+    """One finished session: the outcome of each test, the gpt_step.py files it imported, its wall time, its log."""
 
-    outcomes: dict[str, str]
+    outcomes: dict[str, Outcome]
     gpt_step_files: set[str]
     seconds: float
-    output: str = field(repr=False, default="")
+    log: str = field(repr=False, default="")
+
+    def of(self, nodeid: str) -> Outcome:
+        return self.outcomes.get(nodeid, Outcome.MISSING)
+
+    def collection_errors(self) -> list[str]:
+        """Each collection error with the last `E` line pytest printed for it (e.g. the ImportError)."""
+        reasons = re.findall(r"^E\s+(.+)$", self.log, re.M)
+        return [
+            f"{n}: {reasons[-1] if reasons else 'collection error'}"
+            for n, o in self.outcomes.items()
+            if o == Outcome.COLLECTION_ERROR
+        ]
 
 
-PYTEST_ARGS = ["-p", "mtp_mask_fix.harness.pytest_plugin", "-q", "-p", "no:cacheprovider"]
+PYTEST = ("-p", "mtp_mask_fix.harness.recorder", "-p", "no:cacheprovider", "-q")
 
 
-@dataclass
-class Job:
-    """One pytest session to run: its arguments, working directory and extra environment."""
-
-    args: list[str]
-    cwd: Path = REPO
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def _session_env(env: dict[str, str], outcomes_file: str) -> dict[str, str]:
-    merged = dict(env, MTP_FIX_OUTCOMES=outcomes_file)
-    merged["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
-    return merged
-
-
-def _read_run(outcomes_file: Path, seconds: float, output: str) -> Run:
-    outcomes, files = {}, set()
-    if outcomes_file.exists():
-        for line in outcomes_file.read_text().splitlines():
-            entry = json.loads(line)
-            outcomes[entry["nodeid"]] = entry["outcome"]
-            if entry["gpt_step"]:
-                files.add(entry["gpt_step"])
-    return Run(outcomes, files, seconds, output)
-
-
-def run_pytest(args: list[str], *, cwd: Path = REPO, env: dict[str, str] | None = None) -> Run:
-    """Run pytest in a fresh process (each selects its gpt_step.py before importing Bridge)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        outcomes_file = Path(tmp) / "outcomes.jsonl"
-        full_env = dict(os.environ, **_session_env(env or {}, str(outcomes_file)))
-        start = time.monotonic()
-        cmd = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *args]
-        result = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True)
-        return _read_run(outcomes_file, time.monotonic() - start, result.stdout + result.stderr)
-
-
-def run_many(
-    jobs: list[Job], on_done: Callable[[int, Run], None] | None = None, python: str = sys.executable
-) -> list[Run]:
-    """Run the jobs from one warm `python` process that forks a child per job (see warm_pytest)."""
+def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
+    """Run the jobs from one warm `python` process that forks a child per job (harness/warm_pytest.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         specs = [
-            {
-                "args": [*PYTEST_ARGS, *job.args],
-                "cwd": str(job.cwd),
-                "env": _session_env(job.env, f"{tmp}/{index}.jsonl"),
-                "log": f"{tmp}/{index}.log",
-            }
-            for index, job in enumerate(jobs)
+            {"args": [*PYTEST, "-o", f"pythonpath={job.tree}", *job.args], "cwd": str(job.cwd), "out": f"{tmp}/{i}"}
+            for i, job in enumerate(jobs)
         ]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
-        runner = subprocess.Popen(
-            [python, "-m", "mtp_mask_fix.warm_pytest"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+        runner = subprocess.run(
+            [python, "-m", "mtp_mask_fix.harness.warm_pytest"],
+            input=json.dumps(specs),
+            capture_output=True,
             text=True,
-            env=env,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
         )
-        runner.stdin.write(json.dumps(specs))
-        runner.stdin.close()
-        runs: list[Run | None] = [None] * len(jobs)
-        for line in runner.stdout:
-            done = json.loads(line)
-            index = done["job"]
-            output = Path(specs[index]["log"]).read_text(errors="replace")
-            runs[index] = _read_run(Path(specs[index]["env"]["MTP_FIX_OUTCOMES"]), done["seconds"], output)
-            if on_done:
-                on_done(index, runs[index])
-        stderr = runner.stderr.read()
-        if runner.wait() != 0 or any(run is None for run in runs):
-            tail = (stderr.strip().splitlines() or ["no output"])[-1]
-            raise ToolError(f"the pytest runner failed: {tail}", FAILED)
-        return runs
+        seconds = {done["job"]: done["seconds"] for done in map(json.loads, runner.stdout.splitlines())}
+        if runner.returncode != 0 or len(seconds) != len(jobs):
+            raise ToolError(
+                f"the pytest runner failed: {(runner.stderr.strip().splitlines() or ['?'])[-1]}", Exit.FAILED
+            )
+        runs = [_read(Path(spec["out"]), seconds[i]) for i, spec in enumerate(specs)]
+    for job, run in zip(jobs, runs):
+        stray = {
+            f for f in run.gpt_step_files if not Path(os.path.abspath(f)).is_relative_to(os.path.abspath(job.tree))
+        }
+        if stray:  # the one guarantee every red/green verdict rests on
+            raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
+    return runs
 
 
-def problems(base: Run | None, patched: Run, fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str]:
-    """Everything that breaks the red/green contract; empty means the contract holds."""
+def _read(out: Path, seconds: float) -> Run:
+    outcomes = out.with_suffix(".jsonl")
+    entries = [json.loads(line) for line in outcomes.read_text().splitlines()] if outcomes.exists() else []
+    found = {e["nodeid"]: Outcome(e["outcome"]) for e in entries}
+    return Run(
+        found,
+        {e["gpt_step"] for e in entries if e["gpt_step"]},
+        seconds,
+        out.with_suffix(".log").read_text(errors="replace"),
+    )
+
+
+def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str]:
+    """Everything that breaks the red/green contract; empty means it holds."""
     found = [
-        f"{side}: {nodeid} {outcome}"
-        for side, run in (("base", base), ("patched", patched))
-        if run is not None
-        for nodeid, outcome in run.outcomes.items()
-        if outcome.startswith("error:collection")
+        f"{side}: {error}" for side, run in (("base", base), ("patched", patched)) for error in run.collection_errors()
     ]
-    if found:  # every test id would read "missing"; the collection error says why
+    if found:  # every test id would read "did not run"; the collection error says why
         return found
-    for nodeid in fail_to_pass + pass_to_pass:
-        outcome = patched.outcomes.get(nodeid, "missing")
-        if outcome != "passed":
-            found.append(f"patched: {nodeid} {outcome}")
-    if base is not None:
-        for nodeid in fail_to_pass:
-            outcome = base.outcomes.get(nodeid, "missing")
-            if outcome != "assertion":
-                found.append(f"base: {nodeid} {outcome}, expected an assertion failure")
-        for nodeid in pass_to_pass:
-            outcome = base.outcomes.get(nodeid, "missing")
-            if outcome != "passed":
-                found.append(f"base: {nodeid} {outcome}")
-    return found
-
-
-def still_red(run: Run, fail_to_pass: list[str]) -> bool:
-    """Whether at least one FAIL_TO_PASS test fails by assertion (a needed hunk was left out)."""
-    return any(run.outcomes.get(nodeid) == "assertion" for nodeid in fail_to_pass)
+    found += [
+        f"patched: {n} {patched.of(n).value}" for n in fail_to_pass + pass_to_pass if patched.of(n) != Outcome.PASSED
+    ]
+    found += [
+        f"base: {n} {base.of(n).value}, not by assertion" for n in fail_to_pass if base.of(n) != Outcome.ASSERTION
+    ]
+    return found + [f"base: {n} {base.of(n).value}" for n in pass_to_pass if base.of(n) != Outcome.PASSED]

@@ -1,122 +1,77 @@
-"""Regenerate the patch from an upstream checkout: the fix as the current patch carries it, the tests as this repo has them.
+"""refresh: regenerate the patch from its commit in an upstream checkout.
 
-Byte-stable: author, dates and message come from the current patch, `--zero-commit --no-signature`, and
-Last-Update only moves when the diff itself changes. The user's checkout is never modified: the commit
-is built in a temporary `--shared` clone through a temporary index, so no work tree is needed.
+The patch is edited as a commit (gbp-pq style): `apply CHECKOUT --branch wip` makes one, you amend it there (or
+rebase it), and `refresh --upstream CHECKOUT` turns the commit at --from (default HEAD) back into the mailbox.
+Byte-stable: author and date come from the current patch, the message from the commit (sign-offs dropped: the
+submitter adds theirs), `--zero-commit --no-signature --base=<parent>`, and Last-Update moves only when the diff
+changes. Before writing, the new patch must hold red/green on that checkout (see gate.checkout_row). The checkout
+itself is never modified: the commit is rebuilt in a temporary `--shared` clone.
 """
 
 import datetime
-import re
-import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from mtp_mask_fix.errors import DRIFTED, ToolError
-from mtp_mask_fix.patch import REPO, Patch, first_error_line, git, series
-from mtp_mask_fix.targets import require_git_checkout
+from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
+from mtp_mask_fix.patch import Patch, git
+from mtp_mask_fix.targets import Target
 
 
-def mailinfo(patch: Patch) -> dict[str, str]:
-    """git's own mailbox parser: Author, Email, Subject, Date and the message body."""
-    with tempfile.TemporaryDirectory() as tmp:
-        msg, rest = Path(tmp) / "msg", Path(tmp) / "rest"
-        result = subprocess.run(
-            ["git", "mailinfo", str(msg), str(rest)], input=patch.text, capture_output=True, text=True
-        )
-        if result.returncode != 0:
-            raise ToolError(f"patch {patch.path} is corrupted: git mailinfo: {result.stderr.strip()}")
-        info = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
-        info["Body"] = msg.read_text()
-    return info
-
-
-def base_commit(patch: Patch) -> str:
-    """The upstream commit the patch was made on (its `base-commit:` trailer)."""
-    match = re.search(r"^base-commit: ([0-9a-f]{40})$", patch.text, re.M)
-    if not match:
-        raise ToolError(f"patch {patch.path} has no base-commit line; pass --base")
-    return match.group(1)
-
-
-def repo_owned_files(patch: Patch) -> list[str]:
-    """Files the patch adds whose source of truth is this repo (the upstream-bound tests)."""
-    return sorted(path for path in patch.new_files() if (REPO / path).is_file())
-
-
-def build(upstream: Path, base: str | None = None, patch: Patch | None = None) -> str:
-    """The regenerated patch text (nothing written)."""
-    patch = patch or Patch.load()
-    require_git_checkout(upstream)
-    base = base or base_commit(patch)
-    resolved = git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}", cwd=upstream, check=False)
-    if resolved.returncode != 0:
-        raise ToolError(f"{base} is not a commit in {upstream}; fetch it, or pass --base REV")
-    base_sha = resolved.stdout.strip()
-    info = mailinfo(patch)
-    owned = repo_owned_files(patch)
-    carried = patch.diff if not owned else _diff_without(patch, owned)
-
+def build(upstream: Target, rev: str, old: Patch) -> str:
+    """The mailbox for the single commit `rev` (on top of its parent), with the old patch's author, date and
+    DEP-3 block."""
+    commit, parent = (
+        git("rev-parse", "--verify", "--quiet", f"{r}^{{commit}}", cwd=upstream.root, check=False)
+        for r in (rev, f"{rev}^1")
+    )
+    if commit.returncode or parent.returncode:
+        raise ToolError(f"{rev} is not a commit with a parent in {upstream.label}")
+    commit, parent = commit.stdout.strip(), parent.stdout.strip()
+    lines = git("log", "-1", "--format=%B", commit, cwd=upstream.root).stdout.strip().splitlines()
+    message = "\n".join(line for line in lines if not line.startswith("Signed-off-by: ")).strip() + "\n"
+    identity = {
+        f"GIT_{who}_{what}": value
+        for who in ("AUTHOR", "COMMITTER")
+        for what, value in (("NAME", old.author), ("EMAIL", old.email), ("DATE", old.date))
+    }
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "upstream"
-        git("clone", "--quiet", "--shared", "--no-checkout", str(upstream), str(clone))
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git("read-tree", base_sha, cwd=clone, env_extra=env)
-        carried_file = Path(tmp) / "carried.patch"
-        carried_file.write_text(carried)
-        applied = git("apply", "--cached", str(carried_file), cwd=clone, check=False, env_extra=env)
-        if applied.returncode != 0:
-            raise ToolError(
-                f"the fix no longer applies to {base}: {first_error_line(applied.stderr)}; rebase the patch by hand",
-                DRIFTED,
-            )
-        for path in owned:
-            blob = git("hash-object", "-w", "--path", path, str(REPO / path), cwd=clone).stdout.strip()
-            git("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}", cwd=clone, env_extra=env)
-        # --missing-ok: a partial clone may lack blobs of files the patch never touches.
-        tree = git("write-tree", "--missing-ok", cwd=clone, env_extra=env).stdout.strip()
-        identity = {
-            "GIT_AUTHOR_NAME": info["Author"],
-            "GIT_AUTHOR_EMAIL": info["Email"],
-            "GIT_AUTHOR_DATE": info["Date"],
-            "GIT_COMMITTER_NAME": info["Author"],
-            "GIT_COMMITTER_EMAIL": info["Email"],
-            "GIT_COMMITTER_DATE": info["Date"],
-        }
-        message = f"{info['Subject']}\n\n{info['Body']}"
-        commit = git("commit-tree", tree, "-p", base_sha, "-F", "-", cwd=clone, env_extra=identity, input=message)
-        text = git(
+        git("clone", "--quiet", "--shared", "--no-checkout", str(upstream.root), str(clone))
+        made = git(
+            "commit-tree", f"{commit}^{{tree}}", "-p", parent, "-F", "-", cwd=clone, env=identity, input=message
+        )
+        args = [
             "format-patch",
             "-1",
             "--stdout",
             "--zero-commit",
             "--no-signature",
-            f"--base={base_sha}",
-            commit.stdout.strip(),
-            cwd=clone,
-        ).stdout
-    return _with_metadata(text, patch)
-
-
-def _diff_without(patch: Patch, paths: list[str]) -> str:
-    return "".join(str(f) for f in patch.files() if f.path not in paths)
-
-
-def _with_metadata(text: str, old: Patch) -> str:
-    """Re-insert the status block after `---`; Last-Update moves only if the diff changed."""
-    meta = old.metadata()
-    if Patch(old.path, text).diff != old.diff:
-        meta["Last-Update"] = datetime.date.today().isoformat()
-    block = "".join(f"{key}: {value}\n" for key, value in meta.items())
+            f"--base={parent}",
+            made.stdout.strip(),
+        ]
+        text = git(*args, cwd=clone).stdout
+    new = Patch.parse(old.path, text)
+    metadata = dict(
+        old.metadata, **({"Last-Update": datetime.date.today().isoformat()} if new.diff != old.diff else {})
+    )
     head, sep, rest = text.partition("\n---\n")
-    return f"{head}{sep}{block}\n{rest}"
+    return f"{head}{sep}" + "".join(f"{key}: {value}\n" for key, value in metadata.items()) + f"\n{rest}"
 
 
-def refresh(upstream: Path, base: str | None = None) -> tuple[Path, bool]:
-    """Rewrite patches/<first in series>; returns (path, changed)."""
-    path = series()[0]
-    patch = Patch.load(path)
-    text = build(upstream, base, patch)
-    changed = text != patch.text
-    if changed:
-        path.write_text(text)
-    return path, changed
+def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) -> str:
+    """Rewrite the first patch in the series from `rev`; with `python`, only once its tests hold red/green there."""
+    old = Patch.load()
+    text = build(upstream, rev, old)
+    held = "red/green not run (--no-verify)"
+    if python:
+        row = checkout_row(upstream, Patch.parse(old.path, text), rev=f"{rev}^1")
+        evaluate([row], python)
+        if row.verdict != Verdict.PASS:
+            notes = row.notes[:3] + [f"{len(row.notes) - 3} more"] * (len(row.notes) > 3)
+            raise ToolError(f"not written: the patch from {rev} does not hold: {'; '.join(notes)}", Exit.FAILED)
+        held = f"red/green held on {upstream.label} ({row.red} red on the base, {row.green} green patched)"
+    if text != old.text:
+        old.path.write_text(text)
+    return f"{old.path.name}: {'rewritten' if text != old.text else 'unchanged (byte-identical)'}; {held}"

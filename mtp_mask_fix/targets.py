@@ -7,61 +7,73 @@ import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.patch import FIXED_FILE, WORK, git, pinned_versions
+from mtp_mask_fix.patch import FIXED_FILE, REPO, WORK, git
 
 
-SUPPORTED_RELEASES = ("0.6.0", "0.6.1", "0.6.2")
 PACKAGE = "megatron/bridge"
-VERSION_PATTERN = re.compile(r"^\d+\.\d+\.\d+\S*$")
+VERSION = re.compile(r"^\d+(\.\d+)+\S*$")
+
+
+class Kind(Enum):
+    CHECKOUT = "git checkout"
+    TREE = "source tree"
+    INSTALLED = "installed package"
+    RELEASE = "PyPI release"
 
 
 @dataclass(frozen=True)
 class Target:
-    """Where the patch goes. `strip` is git apply's -p: 1 for trees with src/, 2 for installed packages."""
+    """Where the patch goes; `import_root` is the directory that, first on the import path, gives its
+    `megatron.bridge` (src/ of a tree, the directory itself for an installed package or a release)."""
 
     label: str
     root: Path
-    kind: str  # "git", "tree", "installed" or "pypi"
+    kind: Kind
 
     @property
     def strip(self) -> int:
-        return 1 if self.kind in ("git", "tree") else 2
+        """git apply's -p: 1 for trees with src/, 2 for installed packages (a/src/megatron/... -> megatron/...)."""
+        return 1 if self.kind in (Kind.CHECKOUT, Kind.TREE) else 2
 
     @property
     def import_root(self) -> Path:
-        """The directory to put on sys.path so that `megatron.bridge` comes from this target."""
         return self.root / "src" if self.strip == 1 else self.root
 
     @property
     def fixed_file(self) -> Path:
         return self.import_root / FIXED_FILE.removeprefix("src/")
 
-    @property
-    def has_tests(self) -> bool:
-        """Installed packages and PyPI releases ship no tests/: only the source hunks go there."""
-        return (self.root / "tests/unit_tests/training/test_gpt_step.py").is_file()
+    def has(self, path: str) -> bool:
+        """Whether the target holds this file of upstream's tree (installed packages ship no tests/)."""
+        return self.strip == 1 and (self.root / path).is_file()
+
+
+def pins() -> dict[str, str]:
+    """requirements/megatron.txt, e.g. {"megatron-core": "0.19.0", "megatron-bridge": "0.6.2"}: the pinned
+    release every default refers to, and the megatron-core of this environment."""
+    lines = (REPO / "requirements/megatron.txt").read_text().splitlines()
+    return dict(line.replace(" ", "").split("==") for line in lines if line.strip() and not line.startswith("#"))
 
 
 def resolve(spec: str | None) -> Target:
-    """TARGET as the user wrote it; None means the pinned PyPI release."""
-    if spec is None:
-        spec = pinned_versions()["megatron-bridge"]
+    """TARGET as the user wrote it: a directory, a version, `latest`; None means the pinned release."""
+    spec = spec or pins()["megatron-bridge"]
     path = Path(spec).expanduser()
-    if not path.exists() and VERSION_PATTERN.match(spec):
-        return pypi_release(spec)
+    if not path.exists() and (spec == "latest" or VERSION.match(spec)):
+        return release(spec)
     if not path.exists():
-        raise ToolError(f"{spec}: no such file or directory (a TARGET is a directory or a PyPI version)")
+        raise ToolError(f"{spec}: no such file or directory (a TARGET is a directory, a version or `latest`)")
     if not path.is_dir():
-        raise ToolError(f"{spec}: not a directory (a TARGET is a directory or a PyPI version)")
+        raise ToolError(f"{spec}: not a directory (a TARGET is a directory, a version or `latest`)")
     root = path.resolve()
     if (root / "src" / PACKAGE).is_dir():
-        kind = "git" if _is_git_top(root) else "tree"
-        target = Target(spec, root, kind)
+        target = Target(spec, root, Kind.CHECKOUT if is_git_top(root) else Kind.TREE)
     elif (root / PACKAGE).is_dir():
-        target = Target(spec, root, "installed")
+        target = Target(spec, root, Kind.INSTALLED)
     else:
         raise ToolError(f"{spec}: not a Megatron-Bridge tree (neither src/{PACKAGE} nor {PACKAGE} is inside)")
     if not target.fixed_file.is_file():
@@ -69,44 +81,56 @@ def resolve(spec: str | None) -> Target:
     return target
 
 
-def require_git_checkout(path: Path) -> Path:
-    """path, if it is the top of a Megatron-Bridge git checkout; else a ToolError."""
-    if not Path(path).is_dir():
-        raise ToolError(f"{path}: no such directory")
-    if not _is_git_top(Path(path).resolve()):
-        raise ToolError(f"{path}: not the top of a git checkout")
-    if not (Path(path) / "src" / PACKAGE).is_dir():
-        raise ToolError(f"{path}: a git checkout, but not of Megatron-Bridge (no src/{PACKAGE})")
-    return Path(path)
+def checkout(path: Path | str) -> Target:
+    """A Megatron-Bridge git checkout (its top), or a ToolError."""
+    target = resolve(str(path))
+    if target.kind != Kind.CHECKOUT:
+        raise ToolError(f"{path}: not the top of a Megatron-Bridge git checkout")
+    return target
 
 
-def _is_git_top(root: Path) -> bool:
+def is_git_top(root: Path) -> bool:
     if not (root / ".git").exists():
         return False
     top = git("rev-parse", "--show-toplevel", cwd=root, check=False)
     return top.returncode == 0 and Path(top.stdout.strip()).resolve() == root
 
 
-def pypi_release(version: str) -> Target:
-    """The release's wheel, unpacked once into .work/pypi/<version>/ (a site-packages-shaped directory)."""
-    if version not in SUPPORTED_RELEASES:
-        raise ToolError(f"unsupported Megatron-Bridge release {version} (supported: {', '.join(SUPPORTED_RELEASES)})")
+def _pip(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "--ignore-requires-python"]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def latest_version() -> str:
+    """The newest Megatron-Bridge release on the package index (not yanked, not a pre-release)."""
+    found = _pip("index", "versions", "megatron-bridge")
+    match = re.search(r"^megatron-bridge \(([^)]+)\)", found.stdout, re.M)
+    if found.returncode != 0 or not match:
+        reason = (found.stderr.strip().splitlines() or ["no answer"])[-1]
+        raise ToolError(f"cannot list megatron-bridge releases on the package index: {reason}")
+    return match.group(1)
+
+
+def release(version: str) -> Target:
+    """Any release's wheel (`latest`: the newest), unpacked once into .work/pypi/<version>/."""
+    newest = version == "latest"
+    version = latest_version() if newest else version
     root = WORK / "pypi" / version
     if not (root / PACKAGE).is_dir():
-        _download_release(version, root)
-    return Target(f"megatron-bridge=={version} (PyPI)", root, "pypi")
+        _download(version, root)
+    return Target(f"megatron-bridge=={version} (PyPI{', latest' if newest else ''})", root, Kind.RELEASE)
 
 
-def _download_release(version: str, root: Path) -> None:
+def _download(version: str, root: Path) -> None:
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary", ":all:"]
-        cmd += ["--ignore-requires-python", "--disable-pip-version-check", f"megatron-bridge=={version}", "-d", tmp]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        got = _pip(
+            "download", "--quiet", "--no-deps", "--only-binary", ":all:", f"megatron-bridge=={version}", "-d", tmp
+        )
         wheels = list(Path(tmp).glob("megatron_bridge-*.whl"))
-        if result.returncode != 0 or not wheels:
-            reason = (result.stderr.strip().splitlines() or ["no wheel"])[-1]
-            raise ToolError(f"could not download megatron-bridge=={version} from the package index: {reason}")
+        if got.returncode != 0 or not wheels:
+            reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1].removeprefix("ERROR: ")
+            raise ToolError(f"megatron-bridge {version}: not on the package index or not downloadable ({reason})")
         unpacked = Path(tmp) / "site"
         with zipfile.ZipFile(wheels[0]) as wheel:
             wheel.extractall(unpacked, [name for name in wheel.namelist() if name.startswith("megatron/")])

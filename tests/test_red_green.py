@@ -1,18 +1,20 @@
-"""The suite's own red/green proof: every regression test fails by assertion on the unpatched base and passes
-on the generated view (base + patch); tests/red_green.toml lists them all.
+"""The suite's own red/green proof: every regression test fails by assertion on the pinned release as shipped and
+passes on the view (release + patch); tests/red_green.toml lists them all.
 
-Both sides run in fresh pytest processes, because each selects its gpt_step.py before importing Bridge.
+Each side is a pytest session with its tree first on the import path, forked from one warm process.
 """
 
 from collections import Counter, defaultdict
 
 import pytest
 
-from mtp_mask_fix.patch import BASE_FILE, REPO, VIEW
-from mtp_mask_fix.redgreen import Manifest, problems, run_pytest
+from mtp_mask_fix.patch import REPO, VIEW
+from mtp_mask_fix.redgreen import Job, Manifest, problems, run_many
+from mtp_mask_fix.targets import pins, release
 
 
 SUITES = {"unit": "tests/unit_tests", "functional": "tests/functional"}
+BASE = release(pins()["megatron-bridge"]).root
 
 
 @pytest.fixture(scope="module")
@@ -22,13 +24,9 @@ def manifest():
 
 @pytest.fixture(scope="module")
 def runs():
-    """The upstream-bound and functional suites, whole, once on the base and once on the view."""
-    assert BASE_FILE.is_file() and VIEW.is_file(), "run ./run setup first"
-    dirs = list(SUITES.values())
-    return {
-        "base": run_pytest(dirs, env={"MTP_FIX_GPT_STEP": str(BASE_FILE)}),
-        "patched": run_pytest(dirs, env={"MTP_FIX_GPT_STEP": str(VIEW)}),
-    }
+    """The unit and functional suites, whole, once on the base and once on the view."""
+    base, patched = run_many([Job(tuple(SUITES.values()), BASE), Job(tuple(SUITES.values()), VIEW)])
+    return {"base": base, "patched": patched}
 
 
 def _report(runs, nodeids, title) -> str:
@@ -36,11 +34,11 @@ def _report(runs, nodeids, title) -> str:
     cases = defaultdict(list)
     for nodeid in nodeids:
         cases[nodeid.split("[")[0]].append(nodeid)
-    lines = [f"{title}: base = {BASE_FILE.relative_to(REPO)} (pinned release), patched = {VIEW.relative_to(REPO)}"]
+    lines = [f"{title}: base = {BASE.relative_to(REPO)} (pinned release), patched = {VIEW.relative_to(REPO)} (view)"]
     for name, ids in cases.items():
         sides = []
         for side in ("base", "patched"):
-            counts = Counter(runs[side].outcomes.get(nodeid, "missing") for nodeid in ids)
+            counts = Counter(runs[side].of(nodeid).value for nodeid in ids)
             sides.append(f"{side}: " + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())))
         lines.append(f"  {name.split('::', 1)[1]:<95} {'  '.join(sides)}")
     return "\n".join(lines)
@@ -58,11 +56,15 @@ class TestRedGreen:
     def test_pass_to_pass_green_on_both(self, runs, manifest, suite):
         assert problems(runs["base"], runs["patched"], [], manifest.pass_to_pass[suite]) == []
 
-    def test_each_side_ran_the_gpt_step_it_names(self, runs):
-        assert runs["base"].gpt_step_files == {str(BASE_FILE)}
-        assert runs["patched"].gpt_step_files == {str(VIEW)}
+    def test_each_side_ran_its_own_tree(self, runs):
+        assert {f.removeprefix(str(BASE)) for f in runs["base"].gpt_step_files} == {
+            "/megatron/bridge/training/gpt_step.py"
+        }
+        assert {f.removeprefix(str(VIEW)) for f in runs["patched"].gpt_step_files} == {
+            "/megatron/bridge/training/gpt_step.py"
+        }
 
     def test_manifest_lists_every_test_exactly_once(self, runs, manifest):
         listed = [nodeid for suite in SUITES for nodeid in manifest.fail_to_pass[suite] + manifest.pass_to_pass[suite]]
         assert len(listed) == len(set(listed))
-        assert set(runs["patched"].outcomes) == set(listed)
+        assert set(listed) == set(runs["patched"].outcomes)

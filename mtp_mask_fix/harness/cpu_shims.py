@@ -4,9 +4,6 @@ Each shim only acts when the real thing is missing, so on a GPU container (Pytho
 TransformerEngine installed) this module changes nothing. Nothing here enters the patch.
 """
 
-import importlib.abc
-import importlib.util
-import os
 import sys
 import types
 import typing
@@ -48,43 +45,7 @@ def _stub_transformer_engine() -> None:
     sys.modules["transformer_engine.pytorch"] = te_pytorch
 
 
-GPT_STEP_MODULE = "megatron.bridge.training.gpt_step"
-
-
-def gpt_step_under_test() -> str | None:
-    """The gpt_step.py that MTP_FIX_GPT_STEP selects (None: leave the import as is).
-
-    unset        this repo's generated view, src/megatron/bridge/training/gpt_step.py (base + patch)
-    a file path  that file (the red/green check points it at the unpatched base)
-    "installed"  whatever `megatron.bridge` is importable (the gate puts a whole tree on PYTHONPATH)
-    """
-    from mtp_mask_fix.patch import VIEW
-
-    choice = os.environ.get("MTP_FIX_GPT_STEP", "")
-    if choice == "installed":
-        return None
-    return choice or str(VIEW)
-
-
-class _GptStepRedirect(importlib.abc.MetaPathFinder):
-    """Loads megatron.bridge.training.gpt_step from one chosen file; every other module as installed."""
-
-    def __init__(self, path: str):
-        self.path = path
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname != GPT_STEP_MODULE:
-            return None
-        if not os.path.isfile(self.path):
-            # Never fall back to the installed module: a test would then silently run the wrong code.
-            raise ImportError(f"gpt_step.py under test not found: {self.path} (run ./run setup)")
-        return importlib.util.spec_from_file_location(fullname, self.path)
-
-
-def select_gpt_step(path: str | None) -> None:
-    """Make `import megatron.bridge.training.gpt_step` load `path` (None: leave the import as is)."""
-    if path is None:
-        return
-    if GPT_STEP_MODULE in sys.modules:
-        raise RuntimeError(f"{GPT_STEP_MODULE} was imported before the harness could select {path}")
-    sys.meta_path.insert(0, _GptStepRedirect(path))
+def pytest_configure(config):
+    """Loaded as a pytest plugin (`-p mtp_mask_fix.harness.cpu_shims`, e.g. for upstream's own tests in a tree):
+    the shims are in place before any test module imports megatron.bridge."""
+    install()

@@ -1,17 +1,15 @@
-"""Reproduce #6103 on the tiny model: one training step before (unpatched gpt_step.py) and after (patched view).
-
-Each side runs the harness worker in its own process, because a process selects its gpt_step.py before it first
-imports megatron.bridge. Every figure is measured in this run.
+"""Reproduce #6103 on the tiny model: one training step before (the pinned release as shipped) and after (the view:
+release + patch), each side in its own process with its own tree first on the import path. Every figure is
+measured in this run.
 """
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from mtp_mask_fix.patch import BASE_FILE, REPO, VIEW
+from mtp_mask_fix.harness.worker import launch
+from mtp_mask_fix.patch import VIEW
+from mtp_mask_fix.targets import pins, release
 
 
 SIDES = ("before", "after")
@@ -21,14 +19,6 @@ ROWS = (
     ("grad norm", "grad_norm", "{:.4f}"),
     ("MTP loss mass on masked positions", "mtp_mass_on_masked", "{:.1%}"),
 )
-
-
-def _run_worker(gpt_step: Path, out: Path) -> subprocess.Popen:
-    if not gpt_step.is_file():
-        raise FileNotFoundError(f"{gpt_step} not found (run ./run setup)")
-    env = dict(os.environ, MTP_FIX_GPT_STEP=str(gpt_step))
-    command = [sys.executable, "-m", "mtp_mask_fix.harness.tiny_mtp", "--mode", "repro", "--out", str(out)]
-    return subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _mass_on_masked(ce: list[list[float]], weight: list[list[float]], mask: list[list[float]]) -> float:
@@ -45,26 +35,30 @@ def _mass_on_masked(ce: list[list[float]], weight: list[list[float]], mask: list
     return masked / total
 
 
-def _side_figures(gpt_step: Path, worker: dict) -> dict:
+def _side_figures(tree: Path, worker: dict) -> dict:
+    step = worker["step"]
     return {
-        "gpt_step": str(gpt_step),
-        "lm_loss": worker["lm_loss"],
-        "mtp_1_loss": worker["mtp_losses"][0],
-        "grad_norm": worker["grad_norm"],
-        "mtp_mass_on_masked": _mass_on_masked(worker["mtp_ce"], worker["mtp_loss_weight"], worker["mtp_mask"]),
+        "tree": str(tree),
+        "lm_loss": step.lm_loss,
+        "mtp_1_loss": step.mtp_losses[0],
+        "grad_norm": step.grad_norm,
+        "mtp_mass_on_masked": _mass_on_masked(
+            worker["mtp_ce"].tolist(), worker["mtp_loss_weight"].tolist(), worker["mtp_mask"].tolist()
+        ),
         "worker_seconds": worker["seconds"],
         "worker_peak_rss_mib": worker["peak_rss_mib"],
     }
 
 
-def _plot(figures: dict, workers: dict, path: Path) -> None:
+def _plot(figures: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    mask = workers["before"]["mtp_mask"]
+    per_position = figures["mtp_ce_per_position"]
+    mask = per_position["mtp_mask"]
     rows = len(mask)
     fig, axes = plt.subplots(rows, 1, figsize=(10, 2.2 * rows + 0.6), sharex=True, squeeze=False)
     styles = {"before": ("tab:red", 0.8, "before (unpatched)"), "after": ("tab:blue", 0.4, "after (patched)")}
@@ -74,7 +68,7 @@ def _plot(figures: dict, workers: dict, path: Path) -> None:
                 ax.axvspan(t - 0.5, t + 0.5, color="0.85", lw=0)
         for side in SIDES:
             color, width, label = styles[side]
-            ce, weight = workers[side]["mtp_ce"][row], workers[side]["mtp_loss_weight"][row]
+            ce, weight = per_position[f"ce_{side}"][row], per_position[f"loss_weight_{side}"][row]
             counted = [c if w != 0 else 0.0 for c, w in zip(ce, weight)]
             ax.bar(range(len(counted)), counted, width=width, color=color, alpha=0.75, label=label)
         ax.set_ylabel(f"sample {row}\nCE")
@@ -91,40 +85,34 @@ def _plot(figures: dict, workers: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_repro(out_dir: Path, base_gpt_step: Path = BASE_FILE, patched_gpt_step: Path = VIEW) -> dict:
+def run_repro(out_dir: Path) -> dict:
     """Measure before/after, write figures.json and mtp_ce_per_position.png into out_dir, return the figures."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"before": Path(base_gpt_step), "after": Path(patched_gpt_step)}
+    trees = {"before": release(pins()["megatron-bridge"]).root, "after": VIEW}
     with tempfile.TemporaryDirectory(prefix="mtp-repro-") as tmp:
-        procs = {side: _run_worker(paths[side], Path(tmp) / side) for side in SIDES}
-        workers = {}
-        for side, proc in procs.items():
-            _, stderr = proc.communicate(timeout=300)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{side} worker failed ({proc.returncode}):\n{stderr[-4000:]}")
-            workers[side] = json.loads((Path(tmp) / side / "rank0.json").read_text())
+        workers = {side: launch("repro", trees[side], 1, Path(tmp) / side)[0] for side in SIDES}
     before = workers["before"]
     figures = {
         "model": {
             "spec": "megatron-core GPTModel, get_gpt_layer_local_spec + get_gpt_mtp_block_spec, fp32, CPU",
             "mtp_num_layers": 1,
-            "parameters": before["num_parameters_this_rank"],
+            "parameters": before["num_parameters"],
         },
         "batch": {
-            "shape": [len(before["tokens"]), len(before["tokens"][0])],
-            "loss_tokens": int(sum(map(sum, before["loss_mask"]))),
-            "mtp_1_positions": sum(len(row) for row in before["mtp_mask"]),
+            "shape": list(before["batch"]["tokens"].shape),
+            "loss_tokens": int(before["batch"]["loss_mask"].sum()),
+            "mtp_1_positions": before["mtp_mask"].numel(),
         },
-        **{side: _side_figures(paths[side], workers[side]) for side in SIDES},
+        **{side: _side_figures(trees[side], workers[side]) for side in SIDES},
         "mtp_ce_per_position": {
-            "mtp_mask": before["mtp_mask"],
-            **{f"ce_{side}": workers[side]["mtp_ce"] for side in SIDES},
-            **{f"loss_weight_{side}": workers[side]["mtp_loss_weight"] for side in SIDES},
+            "mtp_mask": before["mtp_mask"].tolist(),
+            **{f"ce_{side}": workers[side]["mtp_ce"].tolist() for side in SIDES},
+            **{f"loss_weight_{side}": workers[side]["mtp_loss_weight"].tolist() for side in SIDES},
         },
     }
     (out_dir / "figures.json").write_text(json.dumps(figures, indent=1))
-    _plot(figures, workers, out_dir / "mtp_ce_per_position.png")
+    _plot(figures, out_dir / "mtp_ce_per_position.png")
     return figures
 
 

@@ -1,36 +1,21 @@
-"""A tiny real megatron-core GPTModel with MTP, trained one step on CPU through Bridge's real ``gpt_step.forward_step``.
+"""A tiny real megatron-core GPTModel with MTP, stepped on CPU through Bridge's real ``gpt_step.forward_step``.
 
 Nothing of the code under test is re-implemented: the batch goes through Bridge's ``get_batch``, the model is
 megatron-core's GPTModel (local spec, MTP block), the MTP loss is core's ``process_mtp_loss`` and the step is driven by
 core's ``schedules.forward_step`` / ``backward_step``. The harness only builds inputs and records what happened.
 
-Importing this module never imports ``megatron.bridge``: the process must first pick its gpt_step.py with
-``prepare_process`` (the worker entry does) or through the harness pytest plugin.
-
-Worker entry, one rank or under ``torchrun --nproc-per-node 2`` (tensor parallel = world size)::
-
-    python -m mtp_mask_fix.harness.tiny_mtp --mode suite|repro|bench --out DIR
-
-Each rank writes ``DIR/rank<r>.json``. MTP_FIX_GPT_STEP selects gpt_step.py (cpu_shims.gpt_step_under_test).
+Which Megatron-Bridge runs is whichever tree comes first on the import path (see mtp_mask_fix.trees); this module
+never imports ``megatron.bridge`` at import time. Multi-rank runs start ``mtp_mask_fix.harness.worker`` under torchrun.
 """
 
-import argparse
-import importlib.util
-import json
 import os
-import resource
-import statistics
-import sys
-import time
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from mtp_mask_fix.harness import cpu_shims
-from mtp_mask_fix.patch import BASE_FILE, VIEW
+from mtp_mask_fix.harness.fakes import NoCudaTensor, make_state
 
 
 VOCAB = 128
@@ -45,20 +30,6 @@ SFT_SAMPLES = ((10, 3), (17, 5), (6, 2))
 
 
 # ---------------------------------------------------------------- process set-up
-
-
-def prepare_process(gpt_step_path: str | None) -> None:
-    """CPU shims, then pick gpt_step.py; must run before anything imports megatron.bridge."""
-    cpu_shims.install()
-    cpu_shims.select_gpt_step(gpt_step_path)
-
-
-def load_gpt_step(path: str | Path, name: str):
-    """Load a gpt_step.py under a private module name, next to whichever one the process selected."""
-    spec = importlib.util.spec_from_file_location(name, str(path))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 _CUDA_CURRENT_DEVICE = torch.cuda.current_device
@@ -86,6 +57,13 @@ def init_distributed(tensor_parallel: int = 1) -> None:
     assert parallel_state.get_tensor_model_parallel_world_size() == tensor_parallel
     # The default tracker calls torch.cuda.get_rng_state; the inference tracker's fork is a null context.
     core_tp.model_parallel_cuda_manual_seed(SEED, inference_rng_tracker=True, force_reset_rng=True)
+
+
+def init_distributed_from_env() -> int:
+    """init_distributed with tensor parallel = torchrun's world size (1 outside torchrun); returns it."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    init_distributed(world)
+    return world
 
 
 def shutdown_distributed() -> None:
@@ -169,57 +147,12 @@ def make_sft_batch(samples=SFT_SAMPLES, seed: int = 0) -> dict[str, torch.Tensor
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
 
 
-class _NoCudaTensor(torch.Tensor):
-    """Bridge's get_batch moves batch tensors with ``.cuda(non_blocking=True)``; on CPU that must be a no-op."""
-
-    def cuda(self, *args, **kwargs):  # type: ignore[override]
-        return self
-
-
 def _data_iterator(batch: dict[str, torch.Tensor]):
     loader_batch = dict(batch)
     # The dataset supplies the causal mask (True = masked): core's default one is built on device="cuda".
     seq = batch["tokens"].shape[1]
     loader_batch["attention_mask"] = torch.ones(1, 1, seq, seq, dtype=torch.bool).triu(diagonal=1)
-    return iter([{key: value.clone().as_subclass(_NoCudaTensor) for key, value in loader_batch.items()}])
-
-
-class _NoopTimer:
-    def __call__(self, *args, **kwargs):
-        return self
-
-    def start(self, *args, **kwargs):
-        return None
-
-    def stop(self, *args, **kwargs):
-        return None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def make_state():
-    """The parts of Bridge's GlobalState that gpt_step.forward_step reads."""
-    cfg = type("Cfg", (), {})()
-    cfg.dataset = type(
-        "Dataset",
-        (),
-        {
-            "enable_offline_packing": False,
-            "offline_packing_specs": None,
-            "skip_getting_attention_mask_from_dataset": False,
-        },
-    )()
-    cfg.model = type("Model", (), {"pipeline_model_parallel_layout": None})()
-    cfg.rerun_state_machine = type("Rerun", (), {"check_for_nan_in_loss": False, "check_for_spiky_loss": False})()
-    state = type("State", (), {})()
-    state.cfg = cfg
-    state.timers = _NoopTimer()
-    state.straggler_timer = _NoopTimer()
-    return state
+    return iter([{key: value.clone().as_subclass(NoCudaTensor) for key, value in loader_batch.items()}])
 
 
 # ---------------------------------------------------------------- one training step
@@ -239,18 +172,15 @@ class StepResult:
 
 
 def _gather_vocab(logits: torch.Tensor) -> torch.Tensor:
-    """[s, b, v/tp] vocab shard -> [b, s, v]."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state
+    """[s, b, v/tp] vocab shard -> [b, s, v], with core's own all-gather along the last dimension."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    group = parallel_state.get_tensor_model_parallel_group()
-    shards = [torch.empty_like(logits) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(shards, logits.contiguous(), group=group)
-    return torch.cat(shards, dim=-1).transpose(0, 1).contiguous()
+    return gather_from_tensor_model_parallel_region(logits).transpose(0, 1).contiguous()
 
 
 def grad_norm(model) -> float:
-    """L2 norm of all gradients, counting TP-replicated parameters once."""
+    """L2 norm of all gradients, counting TP-replicated parameters once (core's get_grad_norm_fp32 allocates on
+    device="cuda", so it cannot run here)."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.layers import param_is_not_tensor_parallel_duplicate
@@ -263,16 +193,12 @@ def grad_norm(model) -> float:
     return square.sqrt().item()
 
 
-def run_step(model, batch: dict[str, torch.Tensor], gpt_step=None, *, record: bool = True) -> StepResult | None:
-    """One micro-batch forward (Bridge's forward_step under core's schedule) and backward; grads start at zero.
-
-    ``gpt_step`` defaults to ``megatron.bridge.training.gpt_step`` as the process selected it.
-    """
+def run_step(model, batch: dict[str, torch.Tensor], *, record: bool = True) -> StepResult | None:
+    """One micro-batch forward (Bridge's forward_step under core's schedule) and backward; grads start at zero."""
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
-    if gpt_step is None:
-        import megatron.bridge.training.gpt_step as gpt_step
+    import megatron.bridge.training.gpt_step as gpt_step
 
     # Class-level, sized by the first model's mtp_num_layers: start each step from an empty tracker.
     MTPLossLoggingHelper.tracker.clear()
@@ -375,130 +301,3 @@ def perturb_masked_positions(batch: dict[str, torch.Tensor], seed: int = 1) -> d
         if first_free < seq:
             out["tokens"][row, first_free:] = torch.randint(2, VOCAB, (seq - first_free,), generator=gen)
     return out
-
-
-# ---------------------------------------------------------------- worker modes
-
-
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _suite(tensor_parallel: int) -> dict:
-    """Everything the functional tests assert, for mtp_num_layers 1 and 2."""
-    batch = make_sft_batch()
-    perturbed = perturb_masked_positions(batch)
-    unpatched = load_gpt_step(BASE_FILE, "_tiny_mtp_gpt_step_unpatched")
-    results = {}
-    for mtp_num_layers in (1, 2):
-        model = build_model(mtp_num_layers, tensor_parallel)
-        step = run_step(model, batch)
-        step_perturbed = run_step(model, perturbed)
-        step_unpatched = run_step(model, batch, unpatched)
-        depths = range(1, mtp_num_layers + 1)
-        results[str(mtp_num_layers)] = {
-            "lm_loss": step.lm_loss,
-            "unpatched_lm_loss": step_unpatched.lm_loss,
-            "lm_logits_equal_unpatched": torch.equal(step.lm_logits, step_unpatched.lm_logits),
-            "mtp_losses": step.mtp_losses,
-            "grad_norm": step.grad_norm,
-            "reference_masked": [
-                reference_mtp_loss(step.mtp_logits[k - 1], batch["labels"], batch["loss_mask"], k) for k in depths
-            ],
-            "reference_mask_shifted": [
-                reference_mtp_loss(step.mtp_logits[k - 1], batch["labels"], batch["loss_mask"], k, mask_offset=1)
-                for k in depths
-            ],
-            "perturbed_lm_loss": step_perturbed.lm_loss,
-            "perturbed_mtp_losses": step_perturbed.mtp_losses,
-            "grads_equal_under_perturbation": step.grads.keys() == step_perturbed.grads.keys()
-            and all(torch.equal(step.grads[name], step_perturbed.grads[name]) for name in step.grads),
-            "num_grads": len(step.grads),
-        }
-    return results
-
-
-def _repro(tensor_parallel: int) -> dict:
-    """One step of the mtp_num_layers=1 model on the SFT batch, with per-position MTP data for the figure."""
-    batch = make_sft_batch()
-    model = build_model(1, tensor_parallel)
-    step = run_step(model, batch)
-    return {
-        "lm_loss": step.lm_loss,
-        "mtp_losses": step.mtp_losses,
-        "grad_norm": step.grad_norm,
-        "num_parameters_this_rank": sum(p.numel() for p in model.parameters()),
-        "tokens": batch["tokens"].tolist(),
-        "labels": batch["labels"].tolist(),
-        "loss_mask": batch["loss_mask"].tolist(),
-        "mtp_ce": mtp_ce_per_position(step.mtp_logits[0], batch["labels"], 1).tolist(),
-        "mtp_mask": mtp_mask(batch["loss_mask"], 1).tolist(),
-        # Weight of each position in the MTP loss (gradient of the step loss w.r.t. its CE), as core applied it.
-        "mtp_loss_weight": step.mtp_loss_weights[0][:, mtp_positions(batch["labels"].shape[1], 1)].tolist(),
-    }
-
-
-def _bench(tensor_parallel: int, steps: int) -> dict:
-    """Median forward+backward time, patched view vs unpatched base, interleaved in one process."""
-    variants = {
-        "patched": load_gpt_step(VIEW, "_tiny_mtp_gpt_step_patched"),
-        "unpatched": load_gpt_step(BASE_FILE, "_tiny_mtp_gpt_step_unpatched"),
-    }
-    model = build_model(1, tensor_parallel)
-    batch = make_sft_batch()
-    times = {name: [] for name in variants}
-    for _ in range(3):  # warm-up
-        for module in variants.values():
-            run_step(model, batch, module, record=False)
-    for _ in range(steps):
-        for name, module in variants.items():
-            start = time.perf_counter()
-            run_step(model, batch, module, record=False)
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    return {
-        "steps": steps,
-        "median_step_s": medians,
-        "ratio_patched_over_unpatched": medians["patched"] / medians["unpatched"],
-    }
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Worker entry: one rank, or one of torchrun's ranks; tensor parallel = world size."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=("suite", "repro", "bench"), default="suite")
-    parser.add_argument("--out", type=Path, required=True, help="directory for rank<r>.json")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per variant (bench)")
-    args = parser.parse_args(argv)
-
-    gpt_step_path = cpu_shims.gpt_step_under_test()
-    prepare_process(gpt_step_path)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    started = time.perf_counter()
-    init_distributed(world)
-    import megatron.bridge.training.gpt_step as gpt_step
-
-    if args.mode == "suite":
-        payload = _suite(world)
-    elif args.mode == "repro":
-        payload = _repro(world)
-    else:
-        payload = _bench(world, args.steps)
-    import torch.distributed as dist
-
-    rank = dist.get_rank()
-    payload.update(
-        rank=rank,
-        world_size=world,
-        tensor_parallel=world,
-        gpt_step_file=gpt_step.__file__,
-        seconds=time.perf_counter() - started,
-        peak_rss_mib=_peak_rss_mib(),
-    )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"rank{rank}.json").write_text(json.dumps(payload, indent=1))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

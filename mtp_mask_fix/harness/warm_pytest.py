@@ -1,10 +1,10 @@
 """Run several pytest sessions from one warm process: import the third-party stack once, fork per session.
 
-`python -m mtp_mask_fix.warm_pytest` reads a JSON list of jobs ({args, cwd, env}) on stdin and prints one
-JSON line per finished job ({job, exit, seconds}). Nothing of megatron.bridge is imported before the fork:
-each child puts its own tree on sys.path and its plugin selects its own gpt_step.py, exactly as a fresh
-process would. What is shared (torch, megatron.core, megatron.training, transformers, modelopt) is the same
-for every tree, and importing it is most of a session's start-up.
+`python -m mtp_mask_fix.harness.warm_pytest` reads a JSON list of jobs ({args, cwd, out}) on stdin and
+prints one JSON line per finished job ({job, exit, seconds}). Nothing of megatron.bridge is imported before the
+fork: each child's arguments put its own tree first on the import path, exactly as in a fresh process. What is shared
+(torch, megatron.core, megatron.training, transformers, modelopt) is the same for every tree, and importing it
+is most of a session's start-up.
 """
 
 import json
@@ -25,10 +25,8 @@ def _warm_up() -> None:
 
 def _child(job: dict) -> None:
     os.chdir(job["cwd"])
-    os.environ.update(job["env"])
-    paths = [entry for entry in job["env"].get("PYTHONPATH", "").split(os.pathsep) if entry]
-    sys.path[:0] = paths  # PYTHONPATH is read only at interpreter start
-    log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.environ["MTP_FIX_OUTCOMES"] = job["out"] + ".jsonl"  # the recorder plugin writes there
+    log = os.open(job["out"] + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(log, 1)
     os.dup2(log, 2)
     import pytest
@@ -54,8 +52,12 @@ def main() -> None:
             running[pid] = (index, time.monotonic())
         pid, status = os.wait()
         index, started = running.pop(pid)
-        result = {"job": index, "exit": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - started}
-        print(json.dumps(result), flush=True)
+        print(
+            json.dumps(
+                {"job": index, "exit": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - started}
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -2,25 +2,23 @@
 
 A tiny fp32 megatron-core GPTModel with MTP runs on CPU (gloo) through the real get_batch, forward_step, core's
 schedule and process_mtp_loss, on answer-only SFT batches (prompt, 2 to 5 loss tokens, padding to the longest
-sample, label-aligned mask). The harness pytest plugin selects the gpt_step.py under test (MTP_FIX_GPT_STEP).
+sample, label-aligned mask). The Megatron-Bridge under test is the tree first on the import path: the view
+(release + patch) by default, the release as shipped in the red/green run.
 """
 
-import json
-import os
-import socket
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import megatron.bridge.training.gpt_step as gpt_step
 from mtp_mask_fix.harness import tiny_mtp
-from mtp_mask_fix.patch import BASE_FILE, REPO
+from mtp_mask_fix.harness.worker import launch
 
 
 MTP_DEPTHS = [(1, 1), (2, 1), (2, 2)]  # (mtp_num_layers, depth)
 REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits
+TREE = Path(gpt_step.__file__).parents[3]  # the tree this session imports: workers get the same one
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +52,6 @@ def steps(models, batch):
 @pytest.fixture(scope="module")
 def perturbed_steps(models, perturbed):
     return {k: tiny_mtp.run_step(model, perturbed) for k, model in models.items()}
-
-
-@pytest.fixture(scope="module")
-def unpatched_gpt_step():
-    assert BASE_FILE.is_file(), f"{BASE_FILE} missing: run ./run setup"
-    return tiny_mtp.load_gpt_step(BASE_FILE, "_functional_gpt_step_unpatched")
 
 
 def _changed_grads(a, b):
@@ -159,88 +151,64 @@ class TestLoggedMtpLoss:
         assert (weights[:, seq - depth :] == 0).all()  # core zeroes the rolled-in tail
 
 
-class TestLanguageModelLossUnchanged:
-    """The patch only reaches the MTP loss: the LM loss, and everything without MTP, are as in the unpatched file."""
+class TestLanguageModelLoss:
+    """The fix only reaches the MTP loss: Bridge's LM loss stays the masked CE of the LM logits, with or without MTP."""
 
     @pytest.mark.parametrize("mtp_num_layers", [0, 1, 2])
-    def test_lm_loss_equals_unpatched(self, models, batch, steps, unpatched_gpt_step, mtp_num_layers):
-        unpatched = tiny_mtp.run_step(models[mtp_num_layers], batch, unpatched_gpt_step)
-        assert steps[mtp_num_layers].lm_loss == unpatched.lm_loss
-        assert torch.equal(steps[mtp_num_layers].lm_logits, unpatched.lm_logits)
-
-    def test_without_mtp_every_gradient_equals_unpatched(self, models, batch, steps, unpatched_gpt_step):
-        unpatched = tiny_mtp.run_step(models[0], batch, unpatched_gpt_step)
-        assert _changed_grads(steps[0].grads, unpatched.grads) == []
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    def test_lm_loss_is_the_masked_cross_entropy(self, batch, steps, mtp_num_layers):
+        step = steps[mtp_num_layers]
+        expected = tiny_mtp.reference_mtp_loss(step.lm_logits, batch["labels"], batch["loss_mask"], depth=0)
+        assert step.lm_loss == pytest.approx(expected, rel=REL)
 
 
 @pytest.fixture(scope="module")
 def tp2_ranks(tmp_path_factory):
-    """Run the harness suite under torchrun, 2 ranks, tensor parallel 2, with this process's gpt_step choice."""
-    out = tmp_path_factory.mktemp("tp2")
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(_free_port()),
-        "-m",
-        "mtp_mask_fix.harness.tiny_mtp",
-        "--mode",
-        "suite",
-        "--out",
-        str(out),
-    ]
-    # os.environ carries MTP_FIX_GPT_STEP, so the workers load the same gpt_step.py as this process.
-    proc = subprocess.run(command, cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"torchrun failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    """The same steps on 2 ranks, tensor parallel 2, under torchrun, with this session's tree."""
+    return launch("suite", TREE, 2, tmp_path_factory.mktemp("tp2"))
+
+
+def _per_rank(ranks):
+    return [(rank["rank"], k, rank[k]) for rank in ranks for k in (1, 2)]
 
 
 class TestTensorParallel2:
-    """The same checks on 2 ranks with tensor parallel 2 (vocab-parallel logits and CE)."""
+    """The same checks on 2 ranks with tensor parallel 2 (vocab-parallel logits and CE), on what the workers return."""
 
-    def test_workers_ran_the_gpt_step_under_test(self, tp2_ranks):
+    def test_workers_ran_the_tree_under_test(self, tp2_ranks):
         assert [r["tensor_parallel"] for r in tp2_ranks] == [2, 2]
         assert [r["gpt_step_file"] for r in tp2_ranks] == [gpt_step.__file__] * 2
 
     def test_every_gradient_is_unchanged_on_every_rank(self, tp2_ranks):
-        for rank in tp2_ranks:
-            for k in ("1", "2"):
-                assert rank[k]["grads_equal_under_perturbation"], f"rank {rank['rank']}, mtp_num_layers {k}"
-                assert rank[k]["perturbed_lm_loss"] == rank[k]["lm_loss"]
-                assert rank[k]["perturbed_mtp_losses"] == rank[k]["mtp_losses"]
+        for rank, k, run in _per_rank(tp2_ranks):
+            changed = _changed_grads(run["step"].grads, run["perturbed"].grads)
+            assert changed == [], f"rank {rank}, mtp_num_layers {k}: {len(changed)} gradients changed"
+            assert (run["perturbed"].lm_loss, run["perturbed"].mtp_losses) == (
+                run["step"].lm_loss,
+                run["step"].mtp_losses,
+            )
 
-    def test_logged_mtp_loss_is_the_masked_cross_entropy(self, tp2_ranks):
-        for rank in tp2_ranks:
-            for k in ("1", "2"):
-                logged, expected = rank[k]["mtp_losses"], rank[k]["reference_masked"]
-                assert logged == pytest.approx(expected, rel=REL), f"rank {rank['rank']}, mtp_num_layers {k}"
+    def test_logged_mtp_loss_is_the_masked_cross_entropy(self, tp2_ranks, batch):
+        for rank, k, run in _per_rank(tp2_ranks):
+            step = run["step"]
+            for depth in range(1, k + 1):
+                expected = tiny_mtp.reference_mtp_loss(
+                    step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth
+                )
+                shifted = tiny_mtp.reference_mtp_loss(
+                    step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth, 1
+                )
+                assert step.mtp_losses[depth - 1] == pytest.approx(expected, rel=REL), (
+                    f"rank {rank}, {k} layers, depth {depth}"
+                )
+                assert step.mtp_losses[depth - 1] != pytest.approx(shifted, rel=100 * REL)
 
-    def test_logged_mtp_loss_is_not_the_once_more_shifted_mask_value(self, tp2_ranks):
-        for rank in tp2_ranks:
-            for k in ("1", "2"):
-                for logged, shifted in zip(rank[k]["mtp_losses"], rank[k]["reference_mask_shifted"]):
-                    assert logged != pytest.approx(shifted, rel=100 * REL)
+    def test_lm_loss_is_the_masked_cross_entropy_on_every_rank(self, tp2_ranks, batch):
+        for rank, k, run in _per_rank(tp2_ranks):
+            expected = tiny_mtp.reference_mtp_loss(run["step"].lm_logits, batch["labels"], batch["loss_mask"], depth=0)
+            assert run["step"].lm_loss == pytest.approx(expected, rel=REL), f"rank {rank}, mtp_num_layers {k}"
 
-    def test_lm_loss_equals_unpatched_on_every_rank(self, tp2_ranks):
-        for rank in tp2_ranks:
-            for k in ("1", "2"):
-                assert rank[k]["lm_loss"] == rank[k]["unpatched_lm_loss"], f"rank {rank['rank']}, mtp_num_layers {k}"
-                assert rank[k]["lm_logits_equal_unpatched"], f"rank {rank['rank']}, mtp_num_layers {k}"
-
-    def test_losses_equal_the_one_rank_run(self, tp2_ranks, steps):
-        for rank in tp2_ranks:
-            for k in (1, 2):
-                assert rank[str(k)]["lm_loss"] == pytest.approx(steps[k].lm_loss, rel=REL)
-                assert rank[str(k)]["mtp_losses"] == pytest.approx(steps[k].mtp_losses, rel=REL)
-                assert rank[str(k)]["grad_norm"] == pytest.approx(steps[k].grad_norm, rel=REL)
+    def test_losses_and_grad_norm_equal_the_one_rank_run(self, tp2_ranks, steps):
+        for rank, k, run in _per_rank(tp2_ranks):
+            assert run["step"].lm_loss == pytest.approx(steps[k].lm_loss, rel=REL)
+            assert run["step"].mtp_losses == pytest.approx(steps[k].mtp_losses, rel=REL)
+            assert run["step"].grad_norm == pytest.approx(steps[k].grad_norm, rel=REL)

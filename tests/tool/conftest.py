@@ -1,8 +1,9 @@
 """Fixtures for the tool's tests: throwaway Megatron-Bridge-shaped targets built in tmp_path at run time.
 
-No upstream code is committed here. gpt_step.py is copied from the PyPI release (downloaded and cached by
-`mtp_mask_fix.targets.pypi_release`); upstream's tests/unit_tests/training/test_gpt_step.py is synthesized
-from the patch's own hunk for that file (its context and removed lines, the only upstream lines we carry).
+No upstream code is committed here. gpt_step.py is copied from the pinned PyPI release (downloaded and cached by
+`mtp_mask_fix.targets.release`); upstream's tests/unit_tests/training/test_gpt_step.py is synthesized from the
+patch's own hunks for that file (their context and removed lines, the only upstream lines we carry).
+These tests never import torch or megatron: they run the tool as a user does.
 """
 
 import hashlib
@@ -15,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.patch import BASE_FILE, REPO, VIEW, Patch
-from mtp_mask_fix.targets import pypi_release
+from mtp_mask_fix.patch import FIXED_FILE as FIXED
+from mtp_mask_fix.patch import REPO, Patch
+from mtp_mask_fix.targets import pins
+from mtp_mask_fix.targets import release as release_target
 
 
-RELEASE = "0.6.2"
-FIXED = "src/megatron/bridge/training/gpt_step.py"
+PINNED = pins()["megatron-bridge"]
 UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"
-NEW_TEST = "tests/unit_tests/training/test_gpt_step_loss_mask.py"
 UPSTREAM_AUTHOR = ("Upstream Dev", "upstream@example.org")
 SUBMITTER = ("Ada Submitter", "ada@example.org")
 
@@ -42,10 +43,6 @@ class Tree:
     def upstream_test(self) -> Path:
         return self.root / UPSTREAM_TEST
 
-    @property
-    def new_test(self) -> Path:
-        return self.root / NEW_TEST
-
 
 # --- the carried patch and the upstream files it is applied to ------------------------------------
 
@@ -59,7 +56,7 @@ def patch() -> Patch:
 @pytest.fixture(scope="session")
 def release():
     """The pinned PyPI release as a site-packages-shaped Target (downloaded once into .work/pypi/)."""
-    return pypi_release(RELEASE)
+    return release_target(PINNED)
 
 
 @pytest.fixture(scope="session")
@@ -69,22 +66,24 @@ def release_gpt_step(release) -> str:
 
 
 @pytest.fixture(scope="session")
-def upstream_test_text(patch) -> str:
-    """upstream's test_gpt_step.py as far as we carry it: filler up to the hunk, then its old lines."""
-    (patched_file,) = [f for f in patch.files() if f.path == UPSTREAM_TEST]
-    (hunk,) = list(patched_file)
-    filler = [f"# upstream line {n} (not carried here)\n" for n in range(1, hunk.source_start)]
-    return "".join(filler + [line.value for line in hunk if line.is_context or line.is_removed])
+def patched_gpt_step(patch, release) -> str:
+    """The release's gpt_step.py with the patch applied: the generated view's file."""
+    from mtp_mask_fix.patch import VIEW
+    from mtp_mask_fix.trees import write_view
+
+    write_view(patch)
+    return (VIEW / FIXED.removeprefix("src/")).read_text()
 
 
 @pytest.fixture(scope="session")
-def view_file(patch) -> Path:
-    """The generated view (./run setup writes it with the base beside it); written here if missing."""
-    if not VIEW.is_file() or not BASE_FILE.is_file():
-        from mtp_mask_fix.view import write_view
-
-        write_view()
-    return VIEW
+def upstream_test_text(patch) -> str:
+    """upstream's test_gpt_step.py as far as we carry it: each hunk's old lines at their line numbers, filler
+    lines between them."""
+    lines = []
+    for hunk in next(f for f in patch.files if f.path == UPSTREAM_TEST):
+        lines += [f"# upstream line {n} (not carried here)\n" for n in range(len(lines) + 1, hunk.source_start)]
+        lines += [line.value for line in hunk if line.is_context or line.is_removed]
+    return "".join(lines)
 
 
 # --- running the tool and git as a user would -------------------------------------------------------

@@ -8,118 +8,124 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.patch import BASE_FILE, PATCHES, REPO, Patch, apply_diff, series
-from mtp_mask_fix.view import render
+from mtp_mask_fix.patch import PATCHES, REPO, VIEW, Patch, apply_diff, series
+from mtp_mask_fix.trees import materialise
 
-from .conftest import FIXED, NEW_TEST, UPSTREAM_TEST
+from .conftest import FIXED, UPSTREAM_TEST
 
 
-PATCH_NAME = "0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
-SUBJECT = "fix(training): pass loss_mask to the model in gpt_step"
 RUFF = Path(sys.executable).parent / "ruff"
+# DEP-3 (https://dep-team.pages.debian.net/deps/dep3/): the fields a patch header may carry, and their values.
+DEP3_FIELDS = {
+    "Description",
+    "Subject",
+    "Origin",
+    "Bug",
+    "Forwarded",
+    "Author",
+    "From",
+    "Reviewed-by",
+    "Acked-by",
+    "Last-Update",
+    "Applied-Upstream",
+}
 
 
 class TestSeries:
-    def test_listed_first_in_series(self):
-        assert series() == [PATCHES / PATCH_NAME]
+    def test_one_patch_listed(self):
+        assert len(series()) == 1 and series()[0].suffix == ".patch"
 
     def test_every_patch_in_patches_is_listed(self):
         assert sorted(p.name for p in PATCHES.glob("*.patch")) == [p.name for p in series()]
 
 
 class TestMailbox:
-    """The format-patch envelope: what `git am` and reviewers read."""
+    """The format-patch envelope: what `git am` and reviewers read; squash merge keeps only title and trailers."""
 
-    def test_parses(self, patch):
-        assert [f.path for f in patch.files()] == [FIXED, UPSTREAM_TEST, NEW_TEST]
+    def test_changes_gpt_step_and_upstreams_own_test_file(self, patch):
+        assert [f.path for f in patch.files] == [FIXED, UPSTREAM_TEST]
 
-    def test_subject(self, patch):
-        assert patch.subject == SUBJECT
-        assert f"Subject: [PATCH] {SUBJECT}\n" in patch.text
+    def test_title_is_a_conventional_commit_that_carries_the_why(self, patch):
+        assert re.fullmatch(r"fix\(training\): [a-z][^.]*[^.\s]", patch.subject)
+        assert "loss_mask" in patch.subject and "MTP loss" in patch.subject
 
-    def test_zero_commit_from_line(self, patch):
+    def test_body_is_at_most_10_lines_and_closes_the_issue(self, patch):
+        assert len(patch.body.splitlines()) <= 10
+        assert patch.body.splitlines()[-1] == "Fixes #6103"
+
+    def test_zero_commit_and_base_commit(self, patch):
         assert patch.text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n")
-
-    def test_base_commit_line(self, patch):
-        assert re.search(r"^base-commit: [0-9a-f]{40}$", patch.text, re.M)
+        assert re.fullmatch(r"[0-9a-f]{40}", patch.base_commit or "")
 
     def test_no_sign_off(self, patch):
         """The submitter signs off with `apply --branch` (git am -s); the carried patch holds none."""
         assert "Signed-off-by" not in patch.text
 
     def test_lf_line_endings_and_utf8(self):
-        raw = (PATCHES / PATCH_NAME).read_bytes()
-        assert b"\r" not in raw
+        raw = series()[0].read_bytes()
+        assert b"\r" not in raw and raw.endswith(b"\n")
         raw.decode("utf-8")
-        assert raw.endswith(b"\n")
 
-    def test_metadata(self, patch):
-        meta = patch.metadata()
-        assert {"Bug", "Upstream-Status", "Forwarded", "Applied-Upstream", "Last-Update"} <= set(meta)
-        assert meta["Bug"] == "https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/6103"
-        assert datetime.date.fromisoformat(meta["Last-Update"]).isoformat() == meta["Last-Update"]
+    def test_loads_from_its_own_path(self, patch):
+        assert Patch.load(series()[0]).text == patch.text
 
-    def test_body_closes_the_issue(self, patch):
-        assert patch.body.splitlines()[-1] == "Fixes #6103"
 
-    def test_diffstat_matches_the_diff(self, patch):
-        """The summary line git wrote agrees with what `git apply --numstat` counts in the diff."""
-        numstat = subprocess.run(
-            ["git", "apply", "--numstat", "-"], input=patch.diff, capture_output=True, text=True, check=True
-        ).stdout.splitlines()
-        added = sum(int(line.split("\t")[0]) for line in numstat)
-        removed = sum(int(line.split("\t")[1]) for line in numstat)
-        summary = f" {len(numstat)} files changed, {added} insertions(+)" + (
-            f", {removed} deletions(-)" if removed else ""
+class TestDep3:
+    """The status block after `---` (git am leaves it out of the commit) uses DEP-3 fields with DEP-3's meanings."""
+
+    def test_only_dep3_fields(self, patch):
+        assert set(patch.metadata) <= DEP3_FIELDS, set(patch.metadata) - DEP3_FIELDS
+
+    def test_bug_is_the_upstream_issue(self, patch):
+        assert patch.metadata["Bug"] == "https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/6103"
+
+    def test_forwarded(self, patch):
+        assert re.fullmatch(r"no|not-needed|https://\S+", patch.metadata["Forwarded"])
+
+    def test_applied_upstream_only_once_applied(self, patch):
+        value = patch.metadata.get("Applied-Upstream")
+        assert value is None or re.fullmatch(
+            r"[\w.]+(, commit:[0-9a-f]{7,40})?|https://\S+|commit:[0-9a-f]{7,40}", value
         )
-        assert summary + "\n" in patch.text
+
+    def test_last_update(self, patch):
+        date = datetime.date.fromisoformat(patch.metadata["Last-Update"])
+        assert date.isoformat() == patch.metadata["Last-Update"] and date <= datetime.date.today()
 
 
 class TestContent:
-    """What the diff changes, and that its carried files match this repo."""
+    """Small, in upstream's idiom: one source hunk that only adds, and at most 60 test lines in upstream's file."""
 
-    def test_only_gpt_step_among_sources(self, patch):
-        assert [f.path for f in patch.files() if f.path.startswith("src/")] == [FIXED]
+    def test_source_hunk_only_adds_a_few_lines(self, patch):
+        (source,) = [f for f in patch.files if f.path == FIXED]
+        assert (len(source), source.removed, source.added <= 4) == (1, 0, True)
 
-    def test_source_hunk_adds_only_the_kwarg_and_its_comment(self, patch):
-        (source,) = [f for f in patch.files() if f.path == FIXED]
-        added = [line.value for hunk in source for line in hunk if line.is_added]
-        removed = [line.value for hunk in source for line in hunk if line.is_removed]
-        assert removed == []
-        assert added[-1] == '        "loss_mask": loss_mask,\n'
-        assert all(line.lstrip().startswith("#") for line in added[:-1])
+    def test_test_part_adds_at_most_60_lines(self, patch):
+        (tests,) = [f for f in patch.files if f.path == UPSTREAM_TEST]
+        assert tests.added <= 60
 
-    def test_new_test_file_matches_the_repo(self, patch):
-        """Drift guard: tests/unit_tests/... here is the source of truth, the patch carries it byte for byte."""
-        assert patch.new_files()[NEW_TEST].encode() == (REPO / NEW_TEST).read_bytes()
-
-    def test_source_hunks_apply_to_the_pinned_release(self, patch, release, tmp_path):
-        tree = tmp_path / "megatron/bridge/training"
-        tree.mkdir(parents=True)
-        (tree / "gpt_step.py").write_bytes(release.fixed_file.read_bytes())
-        assert apply_diff(patch.part(src=True), tmp_path, strip=2, check=True) == ""
-
-    def test_loads_from_its_own_path(self, patch):
-        again = Patch.load(PATCHES / PATCH_NAME)
-        assert again.text == patch.text
+    def test_source_hunk_applies_to_the_pinned_release(self, patch, release):
+        assert apply_diff(patch.part(src=True), release.root, strip=2, check=True) == ""
 
 
 class TestGeneratedView:
-    """src/megatron/bridge/training/gpt_step.py is generated (base + patch), never edited by hand."""
+    """src/ is generated (pinned release + patch), never edited by hand: a drift guard."""
 
-    def test_view_equals_base_plus_patch(self, view_file, patch):
-        assert view_file.read_text() == render(BASE_FILE, patch)
+    def test_view_equals_release_plus_patch(self, patched_gpt_step, patch, release, tmp_path):
+        rebuilt = materialise(release.root, tmp_path / "tree", patch.part(src=True))
+        assert patched_gpt_step == (rebuilt / FIXED.removeprefix("src/")).read_text()
+        assert (VIEW / FIXED.removeprefix("src/")).read_text() == patched_gpt_step
 
-    def test_base_is_the_pinned_release(self, view_file, release):
-        assert BASE_FILE.read_bytes() == release.fixed_file.read_bytes()
+    def test_the_release_itself_is_untouched(self, patch, release):
+        assert apply_diff(patch.part(src=True), release.root, strip=2, reverse=True, check=True) != ""
 
 
 class TestRuff:
-    """Upstream CI runs ruff with these settings; the upstream-bound files must pass it unchanged."""
+    """Upstream CI runs ruff with these settings (pyproject mirrors upstream's ruff.toml); refresh runs ruff with
+    upstream's own ruff.toml on the patch's test part, inside the checkout."""
 
     @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["check", "format"])
     @pytest.mark.parametrize("target", ["tests/unit_tests", FIXED], ids=["unit_tests", "view"])
-    def test_clean(self, view_file, command, target):
+    def test_clean(self, patched_gpt_step, command, target):
         result = subprocess.run([str(RUFF), *command, "--no-cache", target], cwd=REPO, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
-        assert "error" not in result.stdout.lower()

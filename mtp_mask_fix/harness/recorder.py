@@ -1,0 +1,46 @@
+"""pytest plugin the red/green runner loads (`-p mtp_mask_fix.harness.recorder`): one JSON line per test into the file
+MTP_FIX_OUTCOMES names, with its Outcome (an assertion failure told apart from any other error) and the
+gpt_step.py the session really imported."""
+
+import json
+import os
+import sys
+
+import pytest
+
+from mtp_mask_fix.outcome import Outcome
+
+
+GPT_STEP = "megatron.bridge.training.gpt_step"
+
+
+def _record(nodeid: str, outcome: Outcome) -> None:
+    with open(os.environ["MTP_FIX_OUTCOMES"], "a") as handle:
+        module = sys.modules.get(GPT_STEP)
+        handle.write(
+            json.dumps({"nodeid": nodeid, "outcome": outcome.value, "gpt_step": getattr(module, "__file__", None)})
+            + "\n"
+        )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The outcome of each test body, or of its failed setup."""
+    report = (yield).get_result()
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        if report.passed:
+            outcome = Outcome.PASSED
+        elif report.skipped:
+            outcome = Outcome.SKIPPED
+        elif report.when == "setup":
+            outcome = Outcome.SETUP_ERROR
+        elif call.excinfo.errisinstance(AssertionError):
+            outcome = Outcome.ASSERTION
+        else:
+            outcome = Outcome.OTHER_FAILURE
+        _record(item.nodeid, outcome)
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _record(report.nodeid, Outcome.COLLECTION_ERROR)
