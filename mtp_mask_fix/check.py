@@ -51,31 +51,26 @@ def fix_present(source: str) -> bool:
     """Whether `_forward_step_common` hands a `loss_mask` to the model call, in whatever form (a dict entry of
     forward_args, an item assignment, a keyword of the call); `build_schedule_plan` already did and does not count."""
     try:
-        tree = ast.parse(source)
+        module = ast.parse(source)
     except SyntaxError:
         return False
-    for func in ast.walk(tree):
-        if isinstance(func, ast.FunctionDef) and func.name == "_forward_step_common":
-            for node in ast.walk(func):
-                if isinstance(node, ast.Dict) and any(
-                    _is_key(k) and _uses_mask(v) for k, v in zip(node.keys, node.values)
-                ):
-                    return True
-                if isinstance(node, ast.Assign) and _uses_mask(node.value):
-                    if any(isinstance(t, ast.Subscript) and _is_key(t.slice) for t in node.targets):
-                        return True
-                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) != "build_schedule_plan":
-                    if any(kw.arg == "loss_mask" and _uses_mask(kw.value) for kw in node.keywords):
-                        return True
+    common = [f for f in ast.walk(module) if isinstance(f, ast.FunctionDef) and f.name == "_forward_step_common"]
+    for node in [node for func in common for node in ast.walk(func)]:
+        if isinstance(node, ast.Dict):
+            found = [value for key, value in zip(node.keys, node.values) if _is_key(key)]
+        elif isinstance(node, ast.Assign):
+            found = [node.value for t in node.targets if isinstance(t, ast.Subscript) and _is_key(t.slice)]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) != "build_schedule_plan":
+            found = [kw.value for kw in node.keywords if kw.arg == "loss_mask"]
+        else:
+            found = []
+        if any(isinstance(n, ast.Name) and n.id == "loss_mask" for value in found for n in ast.walk(value)):
+            return True
     return False
 
 
 def _is_key(node) -> bool:
     return isinstance(node, ast.Constant) and node.value == "loss_mask"
-
-
-def _uses_mask(node) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == "loss_mask" for n in ast.walk(node))
 
 
 def check(target: Target, patch: Patch) -> Verdict:
@@ -102,6 +97,7 @@ def _applies_to_head(target: Target, diff: str) -> bool:
 
 
 def require(verdict: Verdict) -> None:
+    """Refuse, with the verdict's own line and code, unless the patch applies."""
     if verdict.state != State.APPLIES:
         raise ToolError(str(verdict), verdict.state.code)
 

@@ -8,6 +8,7 @@ import argparse
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from mtp_mask_fix import check, gate, pr, probe, refresh, targets, trees
@@ -60,7 +61,12 @@ def cmd_gate(args) -> Exit:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
     checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
-    releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
+    releases = {}
+    for version in versions:  # `latest` may be the pin: one row, both names
+        target = targets.release(version)
+        first = releases.setdefault(target.root, target)
+        if first is not target and version == "latest":
+            releases[target.root] = replace(first, label=f"{first.label} = latest")
     return gate.gate([*releases.values(), *checkouts], Patch.load(args.patch), _python(args))
 
 
@@ -91,6 +97,14 @@ def cmd_repro(args) -> Exit:
     return Exit.OK
 
 
+def cmd_effect(args) -> Exit:
+    from mtp_mask_fix.harness.effect import format_tables, run_effect  # imports torch
+
+    print(format_tables(run_effect(args.out, args.size)))
+    print(f"\nwrote {args.out / 'figures.json'} and {args.out / 'effect.png'}")
+    return Exit.OK
+
+
 def cmd_view(args) -> Exit:
     print(trees.write_view(Patch.load(args.patch)))
     return Exit.OK
@@ -101,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    def command(func, help, *, target=None, python=None):
+    def command(func, help, target=None, python=None):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
         p.set_defaults(func=func)
         if target:
@@ -110,51 +124,33 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--python", default=sys.executable, help=python)
         return p
 
-    probe_python = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
-    test_python = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
-    command(
-        cmd_check, "applies / already applied (or an equivalent fix) / drifted", target=f"{RELEASE} (default: the pin)"
-    )
-    p = command(
-        cmd_apply, "apply the patch (all or nothing), then verify by behaviour", target="required", python=probe_python
-    )
+    trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
+    tests = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
+    pinned = f"{RELEASE} (default: the pin)"
+    command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", pinned)
+    p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", "required", trains)
     p.add_argument("--branch", help="git checkouts: make this branch with `git am -s` (your sign-off)")
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
-    command(
-        cmd_verify,
-        "exit 0 only if the batch's loss_mask reaches a model with MTP on",
-        target=f"{RELEASE} (default: what --python imports)",
-        python=probe_python,
-    )
-    p = command(
-        cmd_gate,
-        "red/green on base and patched trees of each target; non-zero unless the patch holds",
-        python=test_python,
-    )
+    imported = f"{RELEASE} (default: what --python imports)"
+    command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", imported, trains)
+    p = command(cmd_gate, "red/green on base and patched trees of each target; non-zero unless it holds", None, tests)
     p.add_argument("--release", action="append", help=f"{RELEASE}; repeatable (default: the pin and `latest`)")
     p.add_argument("--checkout", action="append", type=Path, default=[], help="also gate an upstream checkout (HEAD)")
     p.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
     p = command(
-        cmd_refresh,
-        "rewrite the patch from its commit in an upstream checkout, once it holds there",
-        python=test_python,
+        cmd_refresh, "rewrite the patch from its commit in an upstream checkout, once it holds there", None, tests
     )
     p.add_argument("--upstream", type=Path, required=True, help="the Megatron-Bridge git checkout holding the commit")
-    p.add_argument(
-        "--from", dest="rev", default="HEAD", help="the commit to take, on top of its parent (default: HEAD)"
-    )
+    p.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
     p.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
-    command(cmd_pr, "print the review comment for #6105 and the PR body, with measured figures").add_argument(
-        "--figures", type=Path, help="figures.json from `repro` (default: measure now)"
-    )
-    command(cmd_repro, "tiny real MTP model: the report's table before/after, and a plot").add_argument(
-        "--out", type=Path, default=Path(".work/repro"), help="where figures.json and the PNG go"
-    )
-    command(
-        cmd_status,
-        "the patch's DEP-3 block, and whether TARGET still needs the patch",
-        target=f"{RELEASE} (default: the pin)",
-    )
+    p = command(cmd_pr, "print the review comment for #6105 and the PR body, with measured figures")
+    p.add_argument("--figures", type=Path, help="figures.json from `repro` (default: measure now)")
+    p = command(cmd_repro, "the tiny real MTP model: the report's table before/after, and a plot")
+    p.add_argument("--out", type=Path, default=Path(".work/repro"), help="where figures.json and the PNG go")
+    p = command(cmd_effect, "pretraining, then answer-only SFT unpatched vs patched: what the bug costs")
+    p.add_argument("--out", type=Path, default=Path(".work/effect"), help="where figures.json and the PNG go")
+    p.add_argument("--size", choices=("full", "small"), default="full", help="small: the suite's quick version")
+    command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", pinned)
     command(cmd_view, "write src/ = the pinned release + the patch (importable as megatron.bridge)")
     return parser
 

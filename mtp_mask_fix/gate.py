@@ -159,7 +159,7 @@ def evaluate(rows: list[Row], python: str) -> None:
     for row in [row for row in rows if row.base]:
         judge(row, runs)
     summary = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
-    summary |= {row.target.label: {"verdict": row.verdict.name, "red": row.red, "green": row.green} for row in rows}
+    summary |= {row.target.label: {"red": row.red, "green": row.green} for row in rows if row.verdict == Verdict.PASS}
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=1))
 
@@ -178,8 +178,9 @@ def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> E
             rows.append(
                 checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch, manifest)
             )
-    print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
-    evaluate(rows, python)
+    if sessions(rows):
+        print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
+        evaluate(rows, python)
     width = max(len(row.target.label) for row in rows)
     print(f"\n{'target':<{width}}  base: F2P red  patched: green  verdict")
     for row in rows:

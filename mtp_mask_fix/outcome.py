@@ -5,6 +5,8 @@ from enum import Enum
 
 
 class Outcome(Enum):
+    """One test's ending, as the recorder plugin saw it."""
+
     PASSED = "passed"
     ASSERTION = "failed by assertion"
     OTHER_FAILURE = "failed by another exception"

@@ -42,15 +42,16 @@ class Patch:
 
     path: Path
     text: str
-    author: str
-    email: str
-    date: str
-    subject: str
+    headers: dict[str, str]  # git mailinfo's Author, Email, Subject, Date
     body: str
     metadata: dict[str, str]
     diff: str
     base_commit: str | None
     files: PatchSet = field(repr=False, compare=False)
+
+    @property
+    def subject(self) -> str:
+        return self.headers["Subject"]
 
     @classmethod
     def load(cls, path: Path | None = None) -> "Patch":
@@ -96,19 +97,7 @@ class Patch:
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
         base = re.search(r"^base-commit: ([0-9a-f]{40})$", after, re.M)
-        return cls(
-            path=path,
-            text=text,
-            author=headers.get("Author", ""),
-            email=headers.get("Email", ""),
-            date=headers.get("Date", ""),
-            subject=headers["Subject"],
-            body=body,
-            metadata=metadata,
-            diff=diff,
-            base_commit=base.group(1) if base else None,
-            files=files,
-        )
+        return cls(path, text, headers, body, metadata, diff, base.group(1) if base else None, files)
 
     def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
         """A diff of some files: src=True upstream sources only, False tests only, None all; `leave_out` drops

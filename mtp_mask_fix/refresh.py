@@ -19,6 +19,9 @@ from mtp_mask_fix.patch import Patch, git
 from mtp_mask_fix.targets import Target
 
 
+IDENTITY = (("NAME", "Author"), ("EMAIL", "Email"), ("DATE", "Date"))  # git's variables, git mailinfo's headers
+
+
 def build(upstream: Target, rev: str, old: Patch) -> str:
     """The mailbox for the single commit `rev` (on top of its parent), with the old patch's author, date and
     DEP-3 block."""
@@ -31,11 +34,7 @@ def build(upstream: Target, rev: str, old: Patch) -> str:
     commit, parent = commit.stdout.strip(), parent.stdout.strip()
     lines = git("log", "-1", "--format=%B", commit, cwd=upstream.root).stdout.strip().splitlines()
     message = "\n".join(line for line in lines if not line.startswith("Signed-off-by: ")).strip() + "\n"
-    identity = {
-        f"GIT_{who}_{what}": value
-        for who in ("AUTHOR", "COMMITTER")
-        for what, value in (("NAME", old.author), ("EMAIL", old.email), ("DATE", old.date))
-    }
+    identity = {f"GIT_{who}_{what}": old.headers[key] for who in ("AUTHOR", "COMMITTER") for what, key in IDENTITY}
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "upstream"
         git("clone", "--quiet", "--shared", "--no-checkout", str(upstream.root), str(clone))

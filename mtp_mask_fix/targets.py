@@ -19,6 +19,8 @@ VERSION = re.compile(r"^\d+(\.\d+)+\S*$")
 
 
 class Kind(Enum):
+    """The shapes a TARGET can take."""
+
     CHECKOUT = "git checkout"
     TREE = "source tree"
     INSTALLED = "installed package"
@@ -90,6 +92,7 @@ def checkout(path: Path | str) -> Target:
 
 
 def is_git_top(root: Path) -> bool:
+    """Whether root is the top of a git work tree (not just somewhere inside one)."""
     if not (root / ".git").exists():
         return False
     top = git("rev-parse", "--show-toplevel", cwd=root, check=False)

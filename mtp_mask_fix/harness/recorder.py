@@ -42,5 +42,6 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collectreport(report):
+    """A module that fails to import or collect."""
     if report.failed:
         _record(report.nodeid, Outcome.COLLECTION_ERROR)
