@@ -17,10 +17,7 @@ class State(Enum):
 
     APPLIES = ("the patch applies ({detail}); the bug is present", Exit.OK)
     APPLIED = ("already applied; nothing to do", Exit.ALREADY_APPLIED)
-    EQUIVALENT = (
-        "gpt_step already passes loss_mask to the model (an equivalent fix); retire the patch",
-        Exit.ALREADY_APPLIED,
-    )
+    EQUIVALENT = ("an equivalent fix: gpt_step passes loss_mask to the model; retire the patch", Exit.ALREADY_APPLIED)
     LOCAL_CHANGES = ("local changes in the patch's region ({detail}); commit or stash them", Exit.DRIFTED)
     DRIFTED = ("drifted: {detail}", Exit.DRIFTED)
 
@@ -42,8 +39,9 @@ class Verdict:
 
 
 def diff_for(target: Target, patch: Patch) -> tuple[str, str]:
-    """The whole patch where upstream's test files are present, the source hunks alone elsewhere; and which."""
-    whole = all(target.has(path) for path in patch.test_files())
+    """The whole patch where upstream's test files are present (never in an installed package), the source hunks
+    alone elsewhere; and which."""
+    whole = target.strip == 1 and all((target.root / path).is_file() for path in patch.test_files())
     return patch.part(src=None if whole else True), "source and tests" if whole else "source hunks only"
 
 
@@ -125,9 +123,8 @@ def _git(target: Target, *args: str, cwd: Path, code: Exit = Exit.USAGE) -> str:
     """git, or a one-line refusal saying which step failed and that the checkout is as it was."""
     done = git(*args, cwd=cwd, check=False)
     if done.returncode != 0:
-        raise ToolError(
-            f"{target.label}: git {args[0]} failed: {first_error_line(done.stderr)}; nothing changed", code
-        )
+        why = first_error_line(done.stderr)
+        raise ToolError(f"{target.label}: git {args[0]} failed: {why}; nothing changed", code)
     return done.stdout.strip()
 
 

@@ -2,6 +2,7 @@
 
 Exit codes: 0 ok (check: the patch applies, the bug is present) · 2 bad input · 3 already applied or an
 equivalent fix (retire the patch) · 4 drifted · 5 a gate, a red/green run or a behaviour check failed.
+Each cmd_* returns what it prints and its exit code.
 """
 
 import argparse
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from mtp_mask_fix import check, gate, pr, probe, refresh, targets, trees
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.patch import WORK, Patch
 
 
 TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
@@ -31,32 +32,28 @@ def _python(args) -> str:
     return args.python
 
 
-def cmd_check(args) -> Exit:
+def cmd_check(args) -> tuple[str, Exit]:
     verdict = check.check(targets.resolve(args.target), Patch.load(args.patch))
-    print(verdict)
-    return verdict.state.code
+    return str(verdict), verdict.state.code
 
 
-def cmd_apply(args) -> Exit:
+def cmd_apply(args) -> tuple[str, Exit]:
     target, patch = targets.resolve(args.target), Patch.load(args.patch)
     if args.branch:
-        print(check.make_branch(target, patch, args.branch))
-    else:
-        print(check.apply(target, patch, python=None if args.no_verify else _python(args)))
-    return Exit.OK
+        return check.make_branch(target, patch, args.branch), Exit.OK
+    return check.apply(target, patch, python=None if args.no_verify else _python(args)), Exit.OK
 
 
-def cmd_verify(args) -> Exit:
+def cmd_verify(args) -> tuple[str, Exit]:
     python = _python(args)
     target = targets.resolve(args.target or str(probe.imported_by(python)))
     found = probe.verify(target, python)
     if not found.delivered:
         raise ToolError(f"{target.label}: {found.reason}", Exit.FAILED)
-    print(f"{target.label}: {found.reason}")
-    return Exit.OK
+    return f"{target.label}: {found.reason}", Exit.OK
 
 
-def cmd_gate(args) -> Exit:
+def cmd_gate(args) -> tuple[str, Exit]:
     if args.checkouts_only and not args.checkout:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
@@ -70,44 +67,40 @@ def cmd_gate(args) -> Exit:
     return gate.gate([*releases.values(), *checkouts], Patch.load(args.patch), _python(args))
 
 
-def cmd_refresh(args) -> Exit:
+def cmd_refresh(args) -> tuple[str, Exit]:
     upstream = targets.checkout(args.upstream)
-    print(refresh.refresh(upstream, args.rev, python=None if args.no_verify else _python(args)))
-    return Exit.OK
+    return refresh.refresh(upstream, args.rev, python=None if args.no_verify else _python(args)), Exit.OK
 
 
-def cmd_status(args) -> Exit:
+def cmd_status(args) -> tuple[str, Exit]:
     patch = Patch.load(args.patch)
-    print(f"{patch.path.name}: {patch.subject}")
-    print("".join(f"  {key}: {value}\n" for key, value in patch.metadata.items()), end="")
-    print(f"  on {check.check(targets.resolve(args.target), patch)}")
-    return Exit.OK
+    block = "".join(f"  {key}: {value}\n" for key, value in patch.metadata.items())
+    return (
+        f"{patch.path.name}: {patch.subject}\n{block}  on {check.check(targets.resolve(args.target), patch)}",
+        Exit.OK,
+    )
 
 
-def cmd_pr(args) -> Exit:
-    print(pr.render(args.figures))
-    return Exit.OK
+def cmd_pr(args) -> tuple[str, Exit]:
+    return pr.render(args.figures), Exit.OK
 
 
-def cmd_repro(args) -> Exit:
+def cmd_repro(args) -> tuple[str, Exit]:
     from mtp_mask_fix.harness.repro import format_table, run_repro  # imports torch
 
-    print(format_table(run_repro(args.out)))
-    print(f"\nwrote {args.out / 'figures.json'} and {args.out / 'mtp_ce_per_position.png'}")
-    return Exit.OK
+    table = format_table(run_repro(args.out))
+    return f"{table}\n\nwrote {args.out / 'figures.json'} and {args.out / 'mtp_ce_per_position.png'}", Exit.OK
 
 
-def cmd_effect(args) -> Exit:
+def cmd_effect(args) -> tuple[str, Exit]:
     from mtp_mask_fix.harness.effect import format_tables, run_effect  # imports torch
 
-    print(format_tables(run_effect(args.out, args.size)))
-    print(f"\nwrote {args.out / 'figures.json'} and {args.out / 'effect.png'}")
-    return Exit.OK
+    tables = format_tables(run_effect(args.out, args.size))
+    return f"{tables}\n\nwrote {args.out / 'figures.json'} and {args.out / 'effect.png'}", Exit.OK
 
 
-def cmd_view(args) -> Exit:
-    print(trees.write_view(Patch.load(args.patch)))
-    return Exit.OK
+def cmd_view(args) -> tuple[str, Exit]:
+    return trees.write_view(Patch.load(args.patch)), Exit.OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
     p.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
     p = command(cmd_pr, "print the review comment for #6105 and the PR body, with measured figures")
-    p.add_argument("--figures", type=Path, help="figures.json from `repro` (default: measure now)")
+    p.add_argument("--figures", type=Path, default=WORK / "repro" / "figures.json", help="from `repro`")
     p = command(cmd_repro, "the tiny real MTP model: the report's table before/after, and a plot")
     p.add_argument("--out", type=Path, default=Path(".work/repro"), help="where figures.json and the PNG go")
     p = command(cmd_effect, "pretraining, then answer-only SFT unpatched vs patched: what the bug costs")
@@ -159,7 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr for any refusal, and its exit code."""
     try:
         args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        code = args.func(args)
+        text, code = args.func(args)
+        print(text, end="\n" if text else "")
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         code = exc.code

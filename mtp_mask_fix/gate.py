@@ -21,9 +21,8 @@ from pathlib import Path
 
 from mtp_mask_fix.check import State, check
 from mtp_mask_fix.errors import Exit
-from mtp_mask_fix.outcome import Outcome
 from mtp_mask_fix.patch import WORK, Patch, git
-from mtp_mask_fix.redgreen import Job, Manifest, Run, problems, run_many
+from mtp_mask_fix.redgreen import Job, Manifest, Outcome, Run, problems, run_many
 from mtp_mask_fix.targets import Kind, Target
 from mtp_mask_fix.trees import materialise
 
@@ -144,7 +143,7 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
         if not any(runs[job].of(n) == Outcome.ASSERTION for n in fail_to_pass):
             row.notes.append(f"without source hunk {hunk} no FAIL_TO_PASS test goes red: that hunk is not needed")
     row.red = f"{sum(base.of(n) == Outcome.ASSERTION for n in fail_to_pass)}/{len(fail_to_pass)}"
-    row.green = f"{sum(patched.of(n) == Outcome.PASSED for n in fail_to_pass + pass_to_pass)}/{len(fail_to_pass) + len(pass_to_pass)}"
+    row.green = f"{sum(patched.of(n) == Outcome.PASSED for n in patched.outcomes)}/{len(patched.outcomes)}"
     row.verdict = Verdict.FAIL if row.notes else Verdict.PASS
 
 
@@ -164,16 +163,15 @@ def evaluate(rows: list[Row], python: str) -> None:
     SUMMARY.write_text(json.dumps(summary, indent=1))
 
 
-def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> Exit:
-    """Print each target's state, run every tree's tests, print the table; exit with the worst verdict's code."""
+def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> tuple[str, Exit]:
+    """Each target's state (on stderr), every tree's tests, then the table and the worst verdict's exit code."""
     manifest, start, rows = Manifest.load(), time.monotonic(), []
     for target in targets:
         verdict = check(target, patch)
         print(f"[gate] {verdict}", file=sys.stderr)
-        if verdict.state in (State.APPLIED, State.EQUIVALENT):
-            rows.append(Row(target, verdict=Verdict.RETIRE, notes=[str(verdict)]))
-        elif verdict.state != State.APPLIES:
-            rows.append(Row(target, verdict=Verdict.DRIFTED, notes=[str(verdict)]))
+        if verdict.state != State.APPLIES:
+            standing = Verdict.RETIRE if verdict.state.code == Exit.ALREADY_APPLIED else Verdict.DRIFTED
+            rows.append(Row(target, verdict=standing, notes=[str(verdict)]))
         else:
             rows.append(
                 checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch, manifest)
@@ -182,10 +180,9 @@ def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> E
         print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
         evaluate(rows, python)
     width = max(len(row.target.label) for row in rows)
-    print(f"\n{'target':<{width}}  base: F2P red  patched: green  verdict")
+    lines = [f"\n{'target':<{width}}  base: F2P red  patched: green  verdict"]
     for row in rows:
-        print(f"{row.target.label:<{width}}  {row.red:>13}  {row.green:>14}  {row.verdict.value[0]}")
-        print("".join(f"    {note}\n" for note in row.notes), end="")
-    print(f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s")
-    severity = [Exit.OK, Exit.ALREADY_APPLIED, Exit.DRIFTED, Exit.FAILED]
-    return max((row.verdict.value[1] for row in rows), key=severity.index)
+        lines += [f"{row.target.label:<{width}}  {row.red:>13}  {row.green:>14}  {row.verdict.value[0]}"]
+        lines += [f"    {note}" for note in row.notes]
+    lines += [f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s"]
+    return "\n".join(lines), max(row.verdict.value[1] for row in rows)  # exit codes grow with severity

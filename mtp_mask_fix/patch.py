@@ -66,37 +66,36 @@ class Patch:
 
     @classmethod
     def parse(cls, path: Path, text: str) -> "Patch":
-        def corrupted(why: str) -> ToolError:
-            return ToolError(f"patch {path} is corrupted: {why}")
-
+        """git mailinfo splits headers, message and the rest; the rest holds the DEP-3 block, diffstat and diff."""
         with tempfile.TemporaryDirectory() as tmp:
             msg, rest = Path(tmp) / "msg", Path(tmp) / "rest"
             info = git("mailinfo", str(msg), str(rest), input=text, check=False)
-            if info.returncode != 0:
-                raise corrupted(f"git mailinfo: {info.stderr.strip()}")
             headers = dict(line.split(": ", 1) for line in info.stdout.splitlines() if ": " in line)
-            body, after = msg.read_text().strip(), rest.read_text()
-        if not headers.get("Subject"):
-            raise corrupted("no Subject line")
+            body, after = (msg.read_text().strip(), rest.read_text()) if info.returncode == 0 else ("", "")
         start = after.find("diff --git ")
-        if start < 0:
-            raise corrupted("it holds no `diff --git` section")
-        ends = [after.find(mark, start) for mark in ("\n-- \n", "\n\nbase-commit: ")]
-        diff = after[start : min([e for e in ends if e >= 0], default=len(after)) + 1]
+        ends = [end for end in (after.find(mark, start) for mark in ("\n-- \n", "\n\nbase-commit: ")) if end >= 0]
         try:
-            files = PatchSet(diff)
+            files = PatchSet(after[start : min(ends, default=len(after)) + 1]) if start >= 0 else None
         except UnidiffParseError as exc:
-            raise corrupted(str(exc)) from exc
-        if not files:
-            raise corrupted("no file changes found")
-        stat = DIFFSTAT.search(after)
-        if stat:  # a patch cut at a file boundary still parses: its own diffstat tells
-            expected, found = tuple(int(n or 0) for n in stat.groups()), (len(files), files.added, files.removed)
-            if expected != found:
-                raise corrupted(f"its diffstat says {expected} (files, +, -) but its diff holds {found}")
+            raise ToolError(f"patch {path} is corrupted: {exc}") from exc
+        stat = DIFFSTAT.search(after)  # a patch cut at a file boundary still parses: its own diffstat tells
+        said, found = (
+            tuple(int(n or 0) for n in stat.groups()) if stat else None,
+            files and (len(files), files.added, files.removed),
+        )
+        failures = [
+            (info.returncode != 0, "git mailinfo cannot read it"),
+            (not headers.get("Subject"), "no Subject line"),
+            (not files, "it holds no file changes"),
+            (stat and said != found, f"its diffstat says {said} (files, +, -) but its diff holds {found}"),
+        ]
+        for failed, why in failures:
+            if failed:
+                raise ToolError(f"patch {path} is corrupted: {why}")
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
         base = re.search(r"^base-commit: ([0-9a-f]{40})$", after, re.M)
+        diff = after[start : min(ends, default=len(after)) + 1]
         return cls(path, text, headers, body, metadata, diff, base.group(1) if base else None, files)
 
     def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
@@ -123,12 +122,10 @@ class Patch:
 def apply_diff(
     diff: str, root: Path, *, strip: int = 1, reverse=False, check=False, cached=False, env: dict | None = None
 ) -> str:
-    """`git apply` (all or nothing) a diff to the files under root (`cached`: to the index `env` names); returns
-    git's error text ("" on success).
+    """`git apply` (all or nothing) to the files under root, or `cached` to the index `env` names; git's error or "".
 
-    GIT_CEILING_DIRECTORIES keeps git from treating root as a subdirectory of an enclosing repository
-    (it would then resolve paths from that repository's top and skip ours); a cached apply needs the repository.
-    """
+    GIT_CEILING_DIRECTORIES keeps git from treating root as part of an enclosing repository (it would then resolve
+    paths from that repository's top and skip ours); a cached apply needs the repository."""
     flags = {"-R": reverse, "--check": check, "--cached": cached}
     args = ["apply", f"-p{strip}", "--whitespace=nowarn", *[flag for flag, on in flags.items() if on]]
     env = dict(env or {}, **({} if cached else {"GIT_CEILING_DIRECTORIES": str(Path(root).resolve().parent)}))

@@ -8,6 +8,7 @@ credits its author (templates/pr_body.md).
 
 import ast
 import json
+from itertools import groupby
 from pathlib import Path
 from string import Template
 
@@ -23,15 +24,13 @@ FALCON_H1 = "megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.p
 EFFECT = WORK / "effect" / "figures.json"
 
 
-def _figures(path: Path | None) -> dict:
-    if path is None:
-        from mtp_mask_fix.harness.repro import run_repro  # imports torch
-
-        return run_repro(WORK / "repro")
+def _figures(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise ToolError(f"cannot read figures from {path}: {exc}") from exc
+        raise ToolError(
+            f"cannot read figures from {path} ({exc.__class__.__name__}); run `mtp-mask-fix repro` first"
+        ) from exc
 
 
 def _falcon_h1_signature() -> str:
@@ -50,17 +49,13 @@ def _split_tests(patch: Patch, path: str) -> tuple[str, str]:
     patched_file = next(f for f in patch.files if f.path == path)
     new, diff = [], [str(patched_file).split("\n@@", 1)[0] + "\n"]
     for hunk in patched_file:
-        kept, run = [], []
-        for line in [*hunk, None]:  # None flushes the last run of added lines
-            if line is not None and line.is_added:
-                run.append(line)
-                continue
-            if any(x.value.startswith("    def ") for x in run):
-                new.append("".join(x.value for x in run))
+        kept = []
+        for added, run in groupby(hunk, key=lambda line: line.is_added):
+            run = list(run)
+            if added and any(line.value.startswith("    def ") for line in run):
+                new.append("".join(line.value for line in run))
             else:
                 kept += run
-            kept += [line] if line is not None else []
-            run = []
         added, removed = sum(x.is_added for x in kept), sum(x.is_removed for x in kept)
         header = f"@@ -{hunk.source_start},{len(kept) - added} +{hunk.target_start},{len(kept) - removed} @@"
         diff.append(f"{header} {hunk.section_header}".rstrip() + "\n" + "".join(map(str, kept)))
@@ -76,7 +71,7 @@ def _effect_line() -> str:
     return f"- `./run effect` ({summary_line(json.loads(EFFECT.read_text()))})\n"
 
 
-def render(figures_path: Path | None = None) -> str:
+def render(figures_path: Path = WORK / "repro" / "figures.json") -> str:
     """Both texts, each between rules."""
     patch, figures = Patch.load(), _figures(figures_path)
     before, after = figures["before"], figures["after"]

@@ -7,16 +7,17 @@ PYTHONPATH, so the answer is about the code that interpreter really imports, wha
 import json
 import os
 import subprocess
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.patch import REPO
 from mtp_mask_fix.targets import Target
 
 
-@dataclass(frozen=True)
-class Found:
+class Found(NamedTuple):
+    """What the probe found: whether the batch's mask reached the model, and why not."""
+
     delivered: bool
     reason: str
 
@@ -28,11 +29,8 @@ def verify(target: Target, python: str) -> Found:
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return Found(
-            False,
-            f"the probe could not run {target.label} under {python} ({tail}); pass --python an "
-            "interpreter that imports this Megatron-Bridge (its megatron-core)",
-        )
+        why = f"the probe could not run {target.label} under {python} ({tail}); pass --python an interpreter"
+        return Found(False, f"{why} that imports this Megatron-Bridge (its megatron-core)")
     found = json.loads(lines[-1])
     if not Path(os.path.abspath(found["file"])).is_relative_to(os.path.abspath(target.import_root)):
         return Found(False, f"{python} imported gpt_step from {found['file']}, not from {target.label}")

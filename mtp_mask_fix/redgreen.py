@@ -12,14 +12,27 @@ import sys
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.outcome import Outcome
 from mtp_mask_fix.patch import REPO
 
 
 MANIFEST = REPO / "tests" / "red_green.toml"
+
+
+class Outcome(Enum):
+    """How one test ended. Only ASSERTION counts as red (SWE-bench's rule): an import or collection error, a failed
+    setup, another exception or a skip never proves that a test catches the bug."""
+
+    PASSED = "passed"
+    ASSERTION = "failed by assertion"
+    OTHER_FAILURE = "failed by another exception"
+    SETUP_ERROR = "error in setup"
+    SKIPPED = "skipped"
+    COLLECTION_ERROR = "collection error"
+    MISSING = "did not run"  # never recorded: what a run reports for a test it did not see
 
 
 @dataclass(frozen=True)
@@ -49,24 +62,19 @@ class Job:
 
 @dataclass
 class Run:
-    """One finished session: the outcome of each test, the gpt_step.py files it imported, its wall time, its log."""
+    """One finished session: the outcome of each test, the gpt_step.py files it imported, and its log."""
 
     outcomes: dict[str, Outcome]
     gpt_step_files: set[str]
-    seconds: float
     log: str = field(repr=False, default="")
 
     def of(self, nodeid: str) -> Outcome:
         return self.outcomes.get(nodeid, Outcome.MISSING)
 
     def collection_errors(self) -> list[str]:
-        """Each collection error with the last `E` line pytest printed for it (e.g. the ImportError)."""
-        reasons = re.findall(r"^E\s+(.+)$", self.log, re.M)
-        return [
-            f"{n}: {reasons[-1] if reasons else 'collection error'}"
-            for n, o in self.outcomes.items()
-            if o == Outcome.COLLECTION_ERROR
-        ]
+        """Each collection error with the last `E` line pytest printed (e.g. the ImportError)."""
+        reason = (re.findall(r"^E\s+(.+)$", self.log, re.M) or ["collection error"])[-1]
+        return [f"{nodeid}: {reason}" for nodeid, o in self.outcomes.items() if o == Outcome.COLLECTION_ERROR]
 
 
 PYTEST = ("-p", "mtp_mask_fix.harness.recorder", "-p", "no:cacheprovider", "-q")
@@ -75,23 +83,19 @@ PYTEST = ("-p", "mtp_mask_fix.harness.recorder", "-p", "no:cacheprovider", "-q")
 def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
     """Run the jobs from one warm `python` process that forks a child per job (harness/warm_pytest.py)."""
     with tempfile.TemporaryDirectory() as tmp:
+        outs = [Path(tmp) / str(index) for index in range(len(jobs))]
         specs = [
-            {"args": [*PYTEST, "-o", f"pythonpath={job.tree}", *job.args], "cwd": str(job.cwd), "out": f"{tmp}/{i}"}
-            for i, job in enumerate(jobs)
+            {"args": [*PYTEST, "-o", f"pythonpath={job.tree}", *job.args], "cwd": str(job.cwd), "out": str(out)}
+            for job, out in zip(jobs, outs)
         ]
-        runner = subprocess.run(
-            [python, "-m", "mtp_mask_fix.harness.warm_pytest"],
-            input=json.dumps(specs),
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, PYTHONPATH=str(REPO)),
-        )
-        seconds = {done["job"]: done["seconds"] for done in map(json.loads, runner.stdout.splitlines())}
-        if runner.returncode != 0 or len(seconds) != len(jobs):
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        warm = [python, "-m", "mtp_mask_fix.harness.warm_pytest"]
+        runner = subprocess.run(warm, input=json.dumps(specs), capture_output=True, text=True, env=env)
+        if runner.returncode != 0:
             raise ToolError(
                 f"the pytest runner failed: {(runner.stderr.strip().splitlines() or ['?'])[-1]}", Exit.FAILED
             )
-        runs = [_read(Path(spec["out"]), seconds[i]) for i, spec in enumerate(specs)]
+        runs = [_read(out) for out in outs]
     for job, run in zip(jobs, runs):
         stray = {
             f for f in run.gpt_step_files if not Path(os.path.abspath(f)).is_relative_to(os.path.abspath(job.tree))
@@ -101,29 +105,26 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
     return runs
 
 
-def _read(out: Path, seconds: float) -> Run:
-    outcomes = out.with_suffix(".jsonl")
-    entries = [json.loads(line) for line in outcomes.read_text().splitlines()] if outcomes.exists() else []
-    found = {e["nodeid"]: Outcome(e["outcome"]) for e in entries}
+def _read(out: Path) -> Run:
+    recorded = out.with_suffix(".jsonl")
+    entries = [json.loads(line) for line in recorded.read_text().splitlines()] if recorded.exists() else []
+    log = out.with_suffix(".log").read_text(errors="replace")
     return Run(
-        found,
-        {e["gpt_step"] for e in entries if e["gpt_step"]},
-        seconds,
-        out.with_suffix(".log").read_text(errors="replace"),
+        {e["nodeid"]: Outcome(e["outcome"]) for e in entries}, {e["gpt_step"] for e in entries if e["gpt_step"]}, log
     )
 
 
 def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str]:
     """Everything that breaks the red/green contract; empty means it holds."""
-    found = [
-        f"{side}: {error}" for side, run in (("base", base), ("patched", patched)) for error in run.collection_errors()
-    ]
+    found = [f"{side}: {e}" for side, run in (("base", base), ("patched", patched)) for e in run.collection_errors()]
     if found:  # every test id would read "did not run"; the collection error says why
         return found
-    found += [
-        f"patched: {n} {patched.of(n).value}" for n in fail_to_pass + pass_to_pass if patched.of(n) != Outcome.PASSED
-    ]
-    found += [
-        f"base: {n} {base.of(n).value}, not by assertion" for n in fail_to_pass if base.of(n) != Outcome.ASSERTION
-    ]
-    return found + [f"base: {n} {base.of(n).value}" for n in pass_to_pass if base.of(n) != Outcome.PASSED]
+
+    def unlike(run: Run, side: str, nodeids: list[str], want: Outcome, note: str = "") -> list[str]:
+        return [f"{side}: {n} {run.of(n).value}{note}" for n in nodeids if run.of(n) != want]
+
+    return (
+        unlike(patched, "patched", fail_to_pass + pass_to_pass, Outcome.PASSED)
+        + unlike(base, "base", fail_to_pass, Outcome.ASSERTION, ", not by assertion")
+        + unlike(base, "base", pass_to_pass, Outcome.PASSED)
+    )

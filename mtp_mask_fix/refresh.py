@@ -23,38 +23,25 @@ IDENTITY = (("NAME", "Author"), ("EMAIL", "Email"), ("DATE", "Date"))  # git's v
 
 
 def build(upstream: Target, rev: str, old: Patch) -> str:
-    """The mailbox for the single commit `rev` (on top of its parent), with the old patch's author, date and
-    DEP-3 block."""
-    commit, parent = (
-        git("rev-parse", "--verify", "--quiet", f"{r}^{{commit}}", cwd=upstream.root, check=False)
-        for r in (rev, f"{rev}^1")
-    )
-    if commit.returncode or parent.returncode:
+    """The mailbox for the single commit `rev` on its parent, with the old patch's author, date and DEP-3 block."""
+    verify = ["rev-parse", "--verify", "--quiet"]
+    found = [git(*verify, f"{r}^{{commit}}", cwd=upstream.root, check=False) for r in (rev, f"{rev}^1")]
+    if any(done.returncode for done in found):
         raise ToolError(f"{rev} is not a commit with a parent in {upstream.label}")
-    commit, parent = commit.stdout.strip(), parent.stdout.strip()
+    commit, parent = (done.stdout.strip() for done in found)
     lines = git("log", "-1", "--format=%B", commit, cwd=upstream.root).stdout.strip().splitlines()
     message = "\n".join(line for line in lines if not line.startswith("Signed-off-by: ")).strip() + "\n"
     identity = {f"GIT_{who}_{what}": old.headers[key] for who in ("AUTHOR", "COMMITTER") for what, key in IDENTITY}
+    stable = ["-1", "--stdout", "--zero-commit", "--no-signature", f"--base={parent}"]
     with tempfile.TemporaryDirectory() as tmp:
         clone = Path(tmp) / "upstream"
         git("clone", "--quiet", "--shared", "--no-checkout", str(upstream.root), str(clone))
         made = git(
             "commit-tree", f"{commit}^{{tree}}", "-p", parent, "-F", "-", cwd=clone, env=identity, input=message
         )
-        args = [
-            "format-patch",
-            "-1",
-            "--stdout",
-            "--zero-commit",
-            "--no-signature",
-            f"--base={parent}",
-            made.stdout.strip(),
-        ]
-        text = git(*args, cwd=clone).stdout
-    new = Patch.parse(old.path, text)
-    metadata = dict(
-        old.metadata, **({"Last-Update": datetime.date.today().isoformat()} if new.diff != old.diff else {})
-    )
+        text = git("format-patch", *stable, made.stdout.strip(), cwd=clone).stdout
+    moved = Patch.parse(old.path, text).diff != old.diff
+    metadata = old.metadata | ({"Last-Update": datetime.date.today().isoformat()} if moved else {})
     head, sep, rest = text.partition("\n---\n")
     return f"{head}{sep}" + "".join(f"{key}: {value}\n" for key, value in metadata.items()) + f"\n{rest}"
 

@@ -49,14 +49,9 @@ class Target:
     def fixed_file(self) -> Path:
         return self.import_root / FIXED_FILE.removeprefix("src/")
 
-    def has(self, path: str) -> bool:
-        """Whether the target holds this file of upstream's tree (installed packages ship no tests/)."""
-        return self.strip == 1 and (self.root / path).is_file()
-
 
 def pins() -> dict[str, str]:
-    """requirements/megatron.txt, e.g. {"megatron-core": "0.19.0", "megatron-bridge": "0.6.2"}: the pinned
-    release every default refers to, and the megatron-core of this environment."""
+    """requirements/megatron.txt: the pinned release every default refers to, and this environment's megatron-core."""
     lines = (REPO / "requirements/megatron.txt").read_text().splitlines()
     return dict(line.replace(" ", "").split("==") for line in lines if line.strip() and not line.startswith("#"))
 
@@ -99,42 +94,34 @@ def is_git_top(root: Path) -> bool:
     return top.returncode == 0 and Path(top.stdout.strip()).resolve() == root
 
 
-def _pip(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "pip", *args, "--disable-pip-version-check", "--ignore-requires-python"]
-    return subprocess.run(cmd, capture_output=True, text=True)
-
-
-def latest_version() -> str:
-    """The newest Megatron-Bridge release on the package index (not yanked, not a pre-release)."""
-    found = _pip("index", "versions", "megatron-bridge")
-    match = re.search(r"^megatron-bridge \(([^)]+)\)", found.stdout, re.M)
-    if found.returncode != 0 or not match:
-        reason = (found.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise ToolError(f"cannot list megatron-bridge releases on the package index: {reason}")
-    return match.group(1)
-
-
 def release(version: str) -> Target:
-    """Any release's wheel (`latest`: the newest), unpacked once into .work/pypi/<version>/."""
-    newest = version == "latest"
-    version = latest_version() if newest else version
+    """Any release's wheel (`latest`: the newest, not yanked, not a pre-release), unpacked once into .work/pypi/."""
     root = WORK / "pypi" / version
-    if not (root / PACKAGE).is_dir():
-        _download(version, root)
-    return Target(f"megatron-bridge=={version} (PyPI{', latest' if newest else ''})", root, Kind.RELEASE)
+    if version == "latest" or not (root / PACKAGE).is_dir():
+        root = _download(version)
+    return Target(
+        f"megatron-bridge=={root.name} (PyPI{', latest' if version == 'latest' else ''})", root, Kind.RELEASE
+    )
 
 
-def _download(version: str, root: Path) -> None:
-    root.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
-        got = _pip(
-            "download", "--quiet", "--no-deps", "--only-binary", ":all:", f"megatron-bridge=={version}", "-d", tmp
+def _download(version: str) -> Path:
+    """pip download of the wheel; unpacked into .work/pypi/<its version>/ unless already there."""
+    (WORK / "pypi").mkdir(parents=True, exist_ok=True)
+    spec = "megatron-bridge" + ("" if version == "latest" else f"=={version}")
+    with tempfile.TemporaryDirectory(dir=WORK / "pypi") as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", spec, "-d", tmp]
+        got = subprocess.run(
+            [*pip, "--disable-pip-version-check", "--ignore-requires-python"], capture_output=True, text=True
         )
         wheels = list(Path(tmp).glob("megatron_bridge-*.whl"))
         if got.returncode != 0 or not wheels:
             reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1].removeprefix("ERROR: ")
             raise ToolError(f"megatron-bridge {version}: not on the package index or not downloadable ({reason})")
-        unpacked = Path(tmp) / "site"
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            wheel.extractall(unpacked, [name for name in wheel.namelist() if name.startswith("megatron/")])
-        shutil.move(str(unpacked), root)  # one rename: a half-unpacked release is never left behind
+        root = WORK / "pypi" / wheels[0].name.split("-")[1]
+        if not (root / PACKAGE).is_dir():
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                wheel.extractall(
+                    Path(tmp) / "site", [name for name in wheel.namelist() if name.startswith("megatron/")]
+                )
+            shutil.move(str(Path(tmp) / "site"), root)  # one rename: a half-unpacked release is never left behind
+    return root

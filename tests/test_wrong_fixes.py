@@ -7,9 +7,8 @@ path; all sessions are forked from one warm process.
 
 import pytest
 
-from mtp_mask_fix.outcome import Outcome
 from mtp_mask_fix.patch import VIEW, WORK
-from mtp_mask_fix.redgreen import Job, Manifest, run_many
+from mtp_mask_fix.redgreen import Job, Manifest, Outcome, run_many
 from mtp_mask_fix.trees import materialise
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from mtp_mask_fix.outcome import Outcome
+from mtp_mask_fix.redgreen import Outcome
 
 
 GPT_STEP = "megatron.bridge.training.gpt_step"

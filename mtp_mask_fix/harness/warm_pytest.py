@@ -1,16 +1,14 @@
 """Run several pytest sessions from one warm process: import the third-party stack once, fork per session.
 
-`python -m mtp_mask_fix.harness.warm_pytest` reads a JSON list of jobs ({args, cwd, out}) on stdin and
-prints one JSON line per finished job ({job, exit, seconds}). Nothing of megatron.bridge is imported before the
-fork: each child's arguments put its own tree first on the import path, exactly as in a fresh process. What is shared
-(torch, megatron.core, megatron.training, transformers, modelopt) is the same for every tree, and importing it
-is most of a session's start-up.
+`python -m mtp_mask_fix.harness.warm_pytest` reads a JSON list of jobs ({args, cwd, out}) on stdin and runs them.
+Nothing of megatron.bridge is imported before the fork: each child's arguments put its own tree first on the import
+path, exactly as in a fresh process. What is shared (torch, megatron.core, megatron.training, transformers,
+modelopt) is the same for every tree, and importing it is most of a session's start-up.
 """
 
 import json
 import os
 import sys
-import time
 
 
 def _warm_up() -> None:
@@ -38,26 +36,19 @@ def _child(job: dict) -> None:
 
 
 def main() -> None:
-    """Fork one child per job, at most `parallel` at a time."""
+    """Fork one child per job, at most `parallel` at a time; each leaves OUT.jsonl (the recorder's) and OUT.log."""
     jobs = json.load(sys.stdin)
     parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
     _warm_up()
-    pending, running = list(enumerate(jobs)), {}
+    pending, running = list(jobs), 0
     while pending or running:
-        while pending and len(running) < parallel:
-            index, job = pending.pop(0)
-            pid = os.fork()
-            if pid == 0:
+        while pending and running < parallel:
+            job = pending.pop(0)
+            if os.fork() == 0:
                 _child(job)
-            running[pid] = (index, time.monotonic())
-        pid, status = os.wait()
-        index, started = running.pop(pid)
-        print(
-            json.dumps(
-                {"job": index, "exit": os.waitstatus_to_exitcode(status), "seconds": time.monotonic() - started}
-            ),
-            flush=True,
-        )
+            running += 1
+        os.wait()
+        running -= 1
 
 
 if __name__ == "__main__":

@@ -102,6 +102,12 @@ class TestEntryPoints:
         )
         assert (result.returncode, result.stdout, result.stderr) == (0, cli("check", site_packages.root).stdout, "")
 
+    def test_the_tool_imports_neither_torch_nor_pytest(self, tool_env):
+        """In a training container the tool runs with git and unidiff alone: only repro/effect import torch."""
+        code = "import sys, mtp_mask_fix.cli; print(sorted({'torch', 'pytest', 'megatron'} & set(sys.modules)))"
+        result = subprocess.run([sys.executable, "-c", code], env=tool_env, capture_output=True, text=True)
+        assert result.stdout == "[]\n", result.stderr
+
     def test_help(self, cli):
         result = cli("--help")
         assert result.returncode == 0
@@ -351,7 +357,9 @@ class TestVerify:
         edit(full_release_copy, full_release_copy.gpt_step, LABELS, fixed)
         result = cli("verify", full_release_copy.root)
         assert result.returncode == 0, result.stderr
-        assert verdict(cli("check", full_release_copy.root), 3).endswith("(an equivalent fix); retire the patch")
+        assert verdict(cli("check", full_release_copy.root), 3).endswith(
+            "an equivalent fix: gpt_step passes loss_mask to the model; retire the patch"
+        )
 
     def test_a_wrong_value_fails(self, cli, edit, refused, full_release_copy):
         edit(
