@@ -1,15 +1,6 @@
-"""The small stand-ins Bridge's forward step needs outside a real training run (the same ones upstream's
-tests/unit_tests/training/test_gpt_step.py writes for itself): a CPU tensor whose .cuda() is a no-op, a no-op
-timer, and the parts of GlobalState that gpt_step.forward_step reads."""
-
-import torch
-
-
-class NoCudaTensor(torch.Tensor):
-    """Bridge's get_batch moves batch tensors with ``.cuda(non_blocking=True)``; on CPU that must be a no-op."""
-
-    def cuda(self, *args, **kwargs):  # type: ignore[override]
-        return self
+"""The small stand-ins Bridge's forward step needs outside a real training run (as upstream's
+tests/unit_tests/training/test_gpt_step.py writes them for itself): a no-op timer, and the parts of GlobalState that
+gpt_step.forward_step reads. (Bridge's get_batch moves batches with .cuda(): cpu_runtime.CudaAsCpu covers that.)"""
 
 
 class NoopTimer:

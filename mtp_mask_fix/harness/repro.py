@@ -1,13 +1,14 @@
 """Reproduce #6103 on the tiny model: one training step before (the pinned release as shipped) and after (the view:
-release + patch), each side in its own process with its own tree first on the import path. Every figure is
-measured in this run.
+release + patch), each side in its own process with its own tree first on the import path, both at once. Every
+figure is measured in this run.
 """
 
 import json
 import tempfile
 from pathlib import Path
 
-from mtp_mask_fix.harness.worker import launch
+from mtp_mask_fix.harness.reference import loss_mass_on_masked
+from mtp_mask_fix.harness.worker import Launch, launch_all
 from mtp_mask_fix.patch import VIEW
 from mtp_mask_fix.targets import pins, release
 
@@ -21,20 +22,6 @@ ROWS = (
 )
 
 
-def _mass_on_masked(ce: list[list[float]], weight: list[list[float]], mask: list[list[float]]) -> float:
-    """Share of the MTP loss at masked positions: sum of weight * CE there over the sum everywhere.
-
-    ``weight`` is each position's weight in the step loss as core applied it (the gradient reaching its CE), so
-    with an all-ones mask this is sum(CE at masked) / sum(CE), and with the right mask it is 0.
-    """
-    total = masked = 0.0
-    for ce_row, w_row, m_row in zip(ce, weight, mask):
-        for c, w, m in zip(ce_row, w_row, m_row):
-            total += w * c
-            masked += w * c if m == 0 else 0.0
-    return masked / total
-
-
 def _side_figures(tree: Path, worker: dict) -> dict:
     step = worker["step"]
     return {
@@ -42,9 +29,7 @@ def _side_figures(tree: Path, worker: dict) -> dict:
         "lm_loss": step.lm_loss,
         "mtp_1_loss": step.mtp_losses[0],
         "grad_norm": step.grad_norm,
-        "mtp_mass_on_masked": _mass_on_masked(
-            worker["mtp_ce"].tolist(), worker["mtp_loss_weight"].tolist(), worker["mtp_mask"].tolist()
-        ),
+        "mtp_mass_on_masked": loss_mass_on_masked(worker["mtp_ce"], worker["mtp_loss_weight"], worker["mtp_mask"]),
         "worker_seconds": worker["seconds"],
         "worker_peak_rss_mib": worker["peak_rss_mib"],
     }
@@ -91,7 +76,8 @@ def run_repro(out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     trees = {"before": release(pins()["megatron-bridge"]).root, "after": VIEW}
     with tempfile.TemporaryDirectory(prefix="mtp-repro-") as tmp:
-        workers = {side: launch("repro", trees[side], 1, Path(tmp) / side)[0] for side in SIDES}
+        runs = [Launch("repro", trees[side], 1, Path(tmp) / side) for side in SIDES]
+        workers = {side: ranks[0] for side, ranks in zip(SIDES, launch_all(runs))}  # both at once
     before = workers["before"]
     figures = {
         "model": {

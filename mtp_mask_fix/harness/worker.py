@@ -1,44 +1,117 @@
-"""Worker entry for the tiny model, one rank or one of torchrun's ranks (tensor parallel = world size):
+"""Worker entry for the tiny model: one process, or one of torchrun's ranks.
 
-    PYTHONPATH=TREE python -m torch.distributed.run --standalone --nproc-per-node 2 -m mtp_mask_fix.harness.worker MODE --out DIR
+    PYTHONPATH=TREE:REPO python -m torch.distributed.run --standalone --nproc-per-node 2 \
+        -m mtp_mask_fix.harness.worker MODE --out DIR
 
 Each rank saves what MODE returns to DIR/rank<r>.pt: raw measurements only; the tests make every assertion.
-TREE (first on the import path) is the Megatron-Bridge under test.
+TREE (first on the import path) is the Megatron-Bridge under test. ``launch`` / ``launch_all`` run workers and wait;
+``start`` returns at once (a test's own work then overlaps the workers' start-up).
 """
 
 import argparse
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from mtp_mask_fix.harness import cpu_shims, tiny_mtp
+from mtp_mask_fix.harness import cpu_runtime, cpu_shims, tiny_mtp
+from mtp_mask_fix.harness.reference import mtp_ce_per_position, mtp_mask, mtp_positions, perturb_masked_positions
 from mtp_mask_fix.patch import REPO
 
 
+@dataclass(frozen=True)
+class Launch:
+    """One worker run: MODE on `ranks` ranks (torchrun if more than one) with TREE first on the import path."""
+
+    mode: str
+    tree: Path
+    ranks: int
+    out: Path
+    args: tuple[str, ...] = ()
+
+    def command(self) -> list[str]:
+        """The command line; one rank needs no launcher (the worker makes a 1-rank gloo group itself)."""
+        head = [sys.executable]
+        if self.ranks > 1:
+            head += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.ranks)]
+        return head + ["-m", "mtp_mask_fix.harness.worker", self.mode, "--out", str(self.out), *self.args]
+
+
+class Started:
+    """Worker runs under way, all at once (``start``); ``wait()`` for each run's per-rank payloads."""
+
+    def __init__(self, runs: list[Launch], timeout: float = 600):
+        self.runs, self.timeout, self._payloads, self._procs = runs, timeout, None, []
+        for run in runs:
+            run.out.mkdir(parents=True, exist_ok=True)
+            log = open(run.out / "worker.log", "w")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(run.tree), str(REPO)]))
+            proc = subprocess.Popen(
+                run.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            self._procs.append((proc, log))
+
+    def wait(self) -> list[list[dict]]:
+        """Each run's per-rank payloads, once all have finished (raises if any failed)."""
+        if self._payloads is None:
+            failed = []
+            for run, (proc, log) in zip(self.runs, self._procs):
+                try:
+                    code = proc.wait(timeout=self.timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the run's own session: torchrun and its ranks
+                    code = proc.wait()
+                log.close()
+                if code != 0:
+                    tail = (run.out / "worker.log").read_text(errors="replace")[-4000:]
+                    failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed ({code}):\n{tail}")
+            if failed:
+                raise RuntimeError("\n\n".join(failed))
+            self._payloads = [
+                [torch.load(run.out / f"rank{r}.pt", weights_only=False) for r in range(run.ranks)]
+                for run in self.runs
+            ]
+        return self._payloads
+
+
+def start(*runs: Launch) -> Started:
+    """Start every run now (each its own process, or torchrun's), without waiting."""
+    return Started(list(runs))
+
+
+def launch_all(runs: list[Launch]) -> list[list[dict]]:
+    """Start every run at once, wait for all; each run's per-rank payloads (raises if any run fails)."""
+    return Started(runs).wait()
+
+
 def launch(mode: str, tree: Path, ranks: int, out: Path, *args: str) -> list[dict]:
-    """Run MODE on `ranks` ranks under torchrun with TREE first on the import path; returns each rank's payload."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)]
-    command += ["-m", "mtp_mask_fix.harness.worker", mode, "--out", str(out), *args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]))
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(f"{mode} on {ranks} rank(s) with {tree} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(ranks)]
+    """Run MODE on `ranks` ranks with TREE first on the import path; returns each rank's payload."""
+    return launch_all([Launch(mode, Path(tree), ranks, Path(out), args)])[0]
 
 
-def suite(tensor_parallel: int) -> dict:
-    """One step on the SFT batch and one on the batch with masked positions perturbed, for 1 and 2 MTP layers."""
+# ---------------------------------------------------------------- modes (each returns this rank's raw data)
+
+
+def _world() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def suite(args) -> dict:
+    """Tensor parallel = world size: one step on the SFT batch and one on the batch with masked positions perturbed,
+    for 1 and 2 MTP layers."""
+    cpu_runtime.init_distributed(tensor_parallel=_world())
     batch = tiny_mtp.make_sft_batch()
-    perturbed = tiny_mtp.perturb_masked_positions(batch)
-    results = {"batch": batch, "perturbed": perturbed}
+    perturbed = perturb_masked_positions(batch, vocab=tiny_mtp.VOCAB)
+    results = {"batch": batch, "perturbed": perturbed, "tensor_parallel": _world()}
     for mtp_num_layers in (1, 2):
-        model = tiny_mtp.build_model(mtp_num_layers, tensor_parallel)
+        model = tiny_mtp.build_model(mtp_num_layers)
         results[mtp_num_layers] = {
             "step": tiny_mtp.run_step(model, batch),
             "perturbed": tiny_mtp.run_step(model, perturbed),
@@ -46,63 +119,95 @@ def suite(tensor_parallel: int) -> dict:
     return results
 
 
-def repro(tensor_parallel: int) -> dict:
+def repro(args) -> dict:
     """One step of the mtp_num_layers=1 model on the SFT batch, with per-position MTP data for the figure."""
+    cpu_runtime.init_distributed(tensor_parallel=_world())
     batch = tiny_mtp.make_sft_batch()
-    model = tiny_mtp.build_model(1, tensor_parallel)
+    model = tiny_mtp.build_model(1)
     step = tiny_mtp.run_step(model, batch)
     seq = batch["labels"].shape[1]
     return {
         "step": step,
         "batch": batch,
         "num_parameters": sum(p.numel() for p in model.parameters()),
-        "mtp_ce": tiny_mtp.mtp_ce_per_position(step.mtp_logits[0], batch["labels"], 1),
-        "mtp_mask": tiny_mtp.mtp_mask(batch["loss_mask"], 1),
+        "mtp_ce": mtp_ce_per_position(step.mtp_logits[0], batch["labels"], 1),
+        "mtp_mask": mtp_mask(batch["loss_mask"], 1),
         # Each position's weight in the MTP loss (the gradient of the step loss w.r.t. its CE), as core applied it.
-        "mtp_loss_weight": step.mtp_loss_weights[0][:, tiny_mtp.mtp_positions(seq, 1)],
+        "mtp_loss_weight": step.mtp_loss_weights[0][:, mtp_positions(seq, 1)],
     }
 
 
-def bench(tensor_parallel: int, steps: int) -> dict:
+def bench(args) -> dict:
     """Forward+backward step times of the mtp_num_layers=1 model (after 3 warm-up steps)."""
-    model = tiny_mtp.build_model(1, tensor_parallel)
+    cpu_runtime.init_distributed(tensor_parallel=_world())
+    model = tiny_mtp.build_model(1)
     batch = tiny_mtp.make_sft_batch()
     times = []
-    for index in range(steps + 3):
+    for _ in range(args.steps + 3):
         start = time.perf_counter()
         tiny_mtp.run_step(model, batch, record=False)
         times.append(time.perf_counter() - start)
-    return {"steps": steps, "median_step_s": statistics.median(times[3:])}
+    return {"steps": args.steps, "median_step_s": statistics.median(times[3:])}
 
 
-MODES = {"suite": suite, "repro": repro, "bench": bench}
+def pipeline(args) -> dict:
+    """PP = world size vs the same model unpipelined (see harness.pipeline)."""
+    from mtp_mask_fix.harness.pipeline import measure
+
+    return measure(_world())
+
+
+def expert_parallel(args) -> dict:
+    """MoE with EP = world size, every dispatcher and aux-loss case (see harness.moe)."""
+    from mtp_mask_fix.harness.moe import CASES, measure
+
+    return measure(_world(), CASES)
+
+
+def effect(args) -> dict:
+    """One arm of the effect experiment (see harness.effect_arm)."""
+    from mtp_mask_fix.harness.effect_arm import measure
+
+    return measure(args.size)
+
+
+MODES = {
+    "suite": suite,
+    "repro": repro,
+    "bench": bench,
+    "pipeline": pipeline,
+    "expert_parallel": expert_parallel,
+    "effect": effect,
+}
 
 
 def main(argv: list[str] | None = None) -> None:
+    """One rank: CPU shims, MODE (which sets up its own parallel layout), then its payload saved to --out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("--out", type=Path, required=True, help="directory for rank<r>.pt")
     parser.add_argument("--steps", type=int, default=30, help="timed steps (bench)")
+    parser.add_argument("--size", default="small", help="the plan (effect)")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     torch.set_num_threads(1)  # two threads were several times slower than one on this 2-core machine
     cpu_shims.install()
-    started = time.perf_counter()
-    world = tiny_mtp.init_distributed_from_env()
-    import torch.distributed as dist
-
     import megatron.bridge.training.gpt_step as gpt_step
 
-    payload = bench(world, args.steps) if args.mode == "bench" else MODES[args.mode](world)
+    imported = time.perf_counter()
+    payload = MODES[args.mode](args)
+    rank = int(os.environ.get("RANK", "0"))
     payload.update(
-        rank=dist.get_rank(),
-        tensor_parallel=world,
+        rank=rank,
+        world_size=_world(),
         gpt_step_file=gpt_step.__file__,
+        import_seconds=imported - started,  # megatron.core and megatron.bridge (torch came before)
         seconds=time.perf_counter() - started,
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, args.out / f"rank{dist.get_rank()}.pt")
-    tiny_mtp.shutdown_distributed()
+    torch.save(payload, args.out / f"rank{rank}.pt")
+    cpu_runtime.shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,34 @@
 # CPU shims for this machine (Python 3.11, no TransformerEngine), in place before any test here imports
 # megatron.bridge; they do nothing where the real things exist. Not sent upstream.
-from mtp_mask_fix.harness import cpu_shims
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from mtp_mask_fix.harness import cpu_runtime, cpu_shims
 
 
 cpu_shims.install()
+torch.set_num_threads(1)  # on this 2-core machine two threads were several times slower than one
+
+
+@pytest.fixture(scope="session")
+def tree() -> Path:
+    """The Megatron-Bridge tree this session imports: the first on its import path, found the way the import finds it
+    but without importing it (workers then start while this process imports). Workers get the same one."""
+    return Path(importlib.util.find_spec("megatron.bridge").origin).parents[2]
+
+
+@pytest.fixture(scope="session")
+def gpt_step_file(tree) -> str:
+    """The gpt_step.py this session (and a worker given `tree`) imports."""
+    return str(tree / "megatron" / "bridge" / "training" / "gpt_step.py")
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    """World size 1, no model parallelism, for one test module."""
+    cpu_runtime.init_distributed()
+    yield
+    cpu_runtime.shutdown_distributed()

@@ -6,27 +6,23 @@ sample, label-aligned mask). The Megatron-Bridge under test is the tree first on
 (release + patch) by default, the release as shipped in the red/green run.
 """
 
-from pathlib import Path
-
 import pytest
 import torch
 
-import megatron.bridge.training.gpt_step as gpt_step
 from mtp_mask_fix.harness import tiny_mtp
-from mtp_mask_fix.harness.worker import launch
+from mtp_mask_fix.harness.reference import (
+    changed_grads,
+    mtp_ce_per_position,
+    mtp_mask,
+    mtp_positions,
+    perturb_masked_positions,
+    reference_mtp_loss,
+)
+from mtp_mask_fix.harness.worker import Launch, start
 
 
 MTP_DEPTHS = [(1, 1), (2, 1), (2, 2)]  # (mtp_num_layers, depth)
 REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits
-TREE = Path(gpt_step.__file__).parents[3]  # the tree this session imports: workers get the same one
-
-
-@pytest.fixture(scope="module")
-def one_rank():
-    """World size 1, TP 1, for this module only."""
-    tiny_mtp.init_distributed(1)
-    yield
-    tiny_mtp.shutdown_distributed()
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +37,7 @@ def batch():
 
 @pytest.fixture(scope="module")
 def perturbed(batch):
-    return tiny_mtp.perturb_masked_positions(batch)
+    return perturb_masked_positions(batch, vocab=tiny_mtp.VOCAB)
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +48,6 @@ def steps(models, batch):
 @pytest.fixture(scope="module")
 def perturbed_steps(models, perturbed):
     return {k: tiny_mtp.run_step(model, perturbed) for k, model in models.items()}
-
-
-def _changed_grads(a, b):
-    assert a.keys() == b.keys()
-    return [name for name in a if not torch.equal(a[name], b[name])]
 
 
 class TestBatchShape:
@@ -96,7 +87,7 @@ class TestGradientInvariance:
 
     @pytest.mark.parametrize("mtp_num_layers", [1, 2])
     def test_every_gradient_is_unchanged(self, steps, perturbed_steps, mtp_num_layers):
-        changed = _changed_grads(steps[mtp_num_layers].grads, perturbed_steps[mtp_num_layers].grads)
+        changed = changed_grads(steps[mtp_num_layers].grads, perturbed_steps[mtp_num_layers].grads)
         assert changed == [], f"{len(changed)} of {len(steps[mtp_num_layers].grads)} gradients changed"
 
     @pytest.mark.parametrize("mtp_num_layers", [1, 2])
@@ -109,9 +100,9 @@ class TestGradientInvariance:
         self, batch, perturbed, steps, perturbed_steps, mtp_num_layers, depth
     ):
         """The invariance above is not vacuous: masked-position CE moves, loss-position CE does not."""
-        mask = tiny_mtp.mtp_mask(batch["loss_mask"], depth).bool()
-        ce = tiny_mtp.mtp_ce_per_position(steps[mtp_num_layers].mtp_logits[depth - 1], batch["labels"], depth)
-        ce_perturbed = tiny_mtp.mtp_ce_per_position(
+        mask = mtp_mask(batch["loss_mask"], depth).bool()
+        ce = mtp_ce_per_position(steps[mtp_num_layers].mtp_logits[depth - 1], batch["labels"], depth)
+        ce_perturbed = mtp_ce_per_position(
             perturbed_steps[mtp_num_layers].mtp_logits[depth - 1], perturbed["labels"], depth
         )
         assert torch.equal(ce_perturbed[mask], ce[mask])
@@ -124,8 +115,8 @@ class TestLoggedMtpLoss:
     @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
     def test_logged_mtp_loss_is_the_masked_cross_entropy(self, batch, steps, mtp_num_layers, depth):
         step = steps[mtp_num_layers]
-        expected = tiny_mtp.reference_mtp_loss(step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth)
-        unmasked = tiny_mtp.reference_mtp_loss(
+        expected = reference_mtp_loss(step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth)
+        unmasked = reference_mtp_loss(
             step.mtp_logits[depth - 1], batch["labels"], torch.ones_like(batch["loss_mask"]), depth
         )
         assert step.mtp_losses[depth - 1] == pytest.approx(expected, rel=REL), f"an all-ones mask gives {unmasked:.6f}"
@@ -135,8 +126,8 @@ class TestLoggedMtpLoss:
         """Tells the right alignment from a double shift (the mask rolled before core rolls it again)."""
         step = steps[mtp_num_layers]
         logits, labels, mask = step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"]
-        shifted = tiny_mtp.reference_mtp_loss(logits, labels, mask, depth, mask_offset=1)
-        assert shifted != pytest.approx(tiny_mtp.reference_mtp_loss(logits, labels, mask, depth), rel=100 * REL)
+        shifted = reference_mtp_loss(logits, labels, mask, depth, mask_offset=1)
+        assert shifted != pytest.approx(reference_mtp_loss(logits, labels, mask, depth), rel=100 * REL)
         assert step.mtp_losses[depth - 1] != pytest.approx(shifted, rel=100 * REL)
 
     @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
@@ -144,8 +135,8 @@ class TestLoggedMtpLoss:
         """Each position's weight in the step loss (gradient reaching its CE) follows the rolled loss mask."""
         weights = steps[mtp_num_layers].mtp_loss_weights[depth - 1]
         seq = batch["labels"].shape[1]
-        kept = weights[:, tiny_mtp.mtp_positions(seq, depth)]
-        mask = tiny_mtp.mtp_mask(batch["loss_mask"], depth)
+        kept = weights[:, mtp_positions(seq, depth)]
+        mask = mtp_mask(batch["loss_mask"], depth)
         wrong = ((kept != 0) != mask.bool()).nonzero().tolist()
         assert wrong == [], f"{len(wrong)} positions weighted against the mask, (row, position): {wrong[:8]}"
         assert (weights[:, seq - depth :] == 0).all()  # core zeroes the rolled-in tail
@@ -157,14 +148,20 @@ class TestLanguageModelLoss:
     @pytest.mark.parametrize("mtp_num_layers", [0, 1, 2])
     def test_lm_loss_is_the_masked_cross_entropy(self, batch, steps, mtp_num_layers):
         step = steps[mtp_num_layers]
-        expected = tiny_mtp.reference_mtp_loss(step.lm_logits, batch["labels"], batch["loss_mask"], depth=0)
+        expected = reference_mtp_loss(step.lm_logits, batch["labels"], batch["loss_mask"], depth=0)
         assert step.lm_loss == pytest.approx(expected, rel=REL)
 
 
 @pytest.fixture(scope="module")
-def tp2_ranks(tmp_path_factory):
-    """The same steps on 2 ranks, tensor parallel 2, under torchrun, with this session's tree."""
-    return launch("suite", TREE, 2, tmp_path_factory.mktemp("tp2"))
+def tp2_job(tree, tmp_path_factory):
+    """The same steps on 2 ranks, tensor parallel 2, under torchrun, with this session's tree: started, not awaited."""
+    return start(Launch("suite", tree, 2, tmp_path_factory.mktemp("tp2")))
+
+
+@pytest.fixture(scope="module")
+def tp2_ranks(tp2_job, steps):
+    """Each rank's payload; awaited after this process's own steps, which run while the ranks start up."""
+    return tp2_job.wait()[0]
 
 
 def _per_rank(ranks):
@@ -174,13 +171,13 @@ def _per_rank(ranks):
 class TestTensorParallel2:
     """The same checks on 2 ranks with tensor parallel 2 (vocab-parallel logits and CE), on what the workers return."""
 
-    def test_workers_ran_the_tree_under_test(self, tp2_ranks):
+    def test_workers_ran_the_tree_under_test(self, tp2_ranks, gpt_step_file):
         assert [r["tensor_parallel"] for r in tp2_ranks] == [2, 2]
-        assert [r["gpt_step_file"] for r in tp2_ranks] == [gpt_step.__file__] * 2
+        assert [r["gpt_step_file"] for r in tp2_ranks] == [gpt_step_file] * 2
 
     def test_every_gradient_is_unchanged_on_every_rank(self, tp2_ranks):
         for rank, k, run in _per_rank(tp2_ranks):
-            changed = _changed_grads(run["step"].grads, run["perturbed"].grads)
+            changed = changed_grads(run["step"].grads, run["perturbed"].grads)
             assert changed == [], f"rank {rank}, mtp_num_layers {k}: {len(changed)} gradients changed"
             assert (run["perturbed"].lm_loss, run["perturbed"].mtp_losses) == (
                 run["step"].lm_loss,
@@ -191,12 +188,8 @@ class TestTensorParallel2:
         for rank, k, run in _per_rank(tp2_ranks):
             step = run["step"]
             for depth in range(1, k + 1):
-                expected = tiny_mtp.reference_mtp_loss(
-                    step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth
-                )
-                shifted = tiny_mtp.reference_mtp_loss(
-                    step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth, 1
-                )
+                expected = reference_mtp_loss(step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth)
+                shifted = reference_mtp_loss(step.mtp_logits[depth - 1], batch["labels"], batch["loss_mask"], depth, 1)
                 assert step.mtp_losses[depth - 1] == pytest.approx(expected, rel=REL), (
                     f"rank {rank}, {k} layers, depth {depth}"
                 )
@@ -204,7 +197,7 @@ class TestTensorParallel2:
 
     def test_lm_loss_is_the_masked_cross_entropy_on_every_rank(self, tp2_ranks, batch):
         for rank, k, run in _per_rank(tp2_ranks):
-            expected = tiny_mtp.reference_mtp_loss(run["step"].lm_logits, batch["labels"], batch["loss_mask"], depth=0)
+            expected = reference_mtp_loss(run["step"].lm_logits, batch["labels"], batch["loss_mask"], depth=0)
             assert run["step"].lm_loss == pytest.approx(expected, rel=REL), f"rank {rank}, mtp_num_layers {k}"
 
     def test_losses_and_grad_norm_equal_the_one_rank_run(self, tp2_ranks, steps):

@@ -66,13 +66,12 @@ def release_gpt_step(release) -> str:
 
 
 @pytest.fixture(scope="session")
-def patched_gpt_step(patch, release) -> str:
-    """The release's gpt_step.py with the patch applied: the generated view's file."""
-    from mtp_mask_fix.patch import VIEW
-    from mtp_mask_fix.trees import write_view
+def patched_gpt_step(patch, release, tmp_path_factory) -> str:
+    """The release's gpt_step.py with the patch applied (built aside: the view src/ is never rewritten here)."""
+    from mtp_mask_fix.trees import materialise
 
-    write_view(patch)
-    return (VIEW / FIXED.removeprefix("src/")).read_text()
+    tree = materialise(release.root, tmp_path_factory.mktemp("patched") / "tree", patch.part(src=True))
+    return (tree / FIXED.removeprefix("src/")).read_text()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from mtp_mask_fix.patch import PATCHES, REPO, VIEW, Patch, apply_diff, series
-from mtp_mask_fix.trees import materialise
 
 from .conftest import FIXED, UPSTREAM_TEST
 
@@ -111,9 +110,7 @@ class TestContent:
 class TestGeneratedView:
     """src/ is generated (pinned release + patch), never edited by hand: a drift guard."""
 
-    def test_view_equals_release_plus_patch(self, patched_gpt_step, patch, release, tmp_path):
-        rebuilt = materialise(release.root, tmp_path / "tree", patch.part(src=True))
-        assert patched_gpt_step == (rebuilt / FIXED.removeprefix("src/")).read_text()
+    def test_view_equals_release_plus_patch(self, patched_gpt_step):
         assert (VIEW / FIXED.removeprefix("src/")).read_text() == patched_gpt_step
 
     def test_the_release_itself_is_untouched(self, patch, release):
@@ -126,6 +123,6 @@ class TestRuff:
 
     @pytest.mark.parametrize("command", [["check"], ["format", "--check"]], ids=["check", "format"])
     @pytest.mark.parametrize("target", ["tests/unit_tests", FIXED], ids=["unit_tests", "view"])
-    def test_clean(self, patched_gpt_step, command, target):
+    def test_clean(self, command, target):
         result = subprocess.run([str(RUFF), *command, "--no-cache", target], cwd=REPO, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr

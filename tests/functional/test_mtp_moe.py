@@ -1,0 +1,142 @@
+"""MoE under MTP: the MTP loss honours the loss mask with routed experts and a shared expert, on 1 rank and with
+expert parallel 2 under torchrun (allgather and alltoall token dispatchers).
+
+Without the aux (load-balancing) loss no gradient may change when masked positions are perturbed. With it on, the
+aux loss averages router probabilities over every token, padding included, on either tree, so its gradient reaches
+the routers and everything upstream of them: there only what the mask governs must stay exact (the logged MTP and LM
+losses, and the gradients the aux loss cannot reach).
+"""
+
+import pytest
+
+from mtp_mask_fix.harness import moe
+from mtp_mask_fix.harness.reference import changed_grads, mtp_ce_per_position, mtp_mask, reference_mtp_loss
+from mtp_mask_fix.harness.worker import launch
+
+
+REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits
+AUX = [pytest.param(0.0, id="aux_off"), pytest.param(moe.AUX_LOSS_COEFF, id="aux_on")]
+DISPATCHERS = ["allgather", "alltoall"]
+
+
+def outside_aux_reach(name: str) -> bool:
+    """Parameters no load-balancing gradient reaches: the output layer, and what comes after the MTP layer's router
+    without feeding it (its routed and shared experts, the MTP final norm). Aux gradients flow router -> router input
+    -> everything upstream."""
+    return name.startswith(("output_layer.", "mtp.layers.0.final_layernorm.")) or (
+        name.startswith("mtp.layers.0.mtp_model_layer.mlp.") and ".router." not in name
+    )
+
+
+def _masked_ce(case: dict, batch: dict, mask_offset: int = 0) -> float:
+    return reference_mtp_loss(case["step"].mtp_logits[0], batch["labels"], batch["loss_mask"], 1, mask_offset)
+
+
+def _lm_ce(case: dict, batch: dict) -> float:
+    mask = mtp_mask(batch["loss_mask"], 0)
+    return float((mtp_ce_per_position(case["step"].lm_logits, batch["labels"], 0) * mask).sum() / mask.sum())
+
+
+@pytest.fixture(scope="module")
+def one_rank_cases(one_rank):
+    """Both aux settings on 1 rank (EP 1, allgather dispatcher), in this process."""
+    return {aux: moe.run_case("allgather", aux, rank=0) for aux in (0.0, moe.AUX_LOSS_COEFF)}
+
+
+class TestMoeOneRank:
+    """4 routed experts (top-2) and a shared expert in every layer, the MTP layer too; 1 rank."""
+
+    def test_every_gradient_is_unchanged_without_aux_loss(self, one_rank_cases):
+        case = one_rank_cases[0.0]
+        changed = changed_grads(case["step"].grads, case["perturbed"].grads)
+        assert changed == [], f"{len(changed)} of {len(case['step'].grads)} gradients changed"
+
+    def test_gradients_the_aux_loss_cannot_reach_are_unchanged_with_aux_loss(self, one_rank_cases):
+        case = one_rank_cases[moe.AUX_LOSS_COEFF]
+        outside = [n for n in case["step"].grads if outside_aux_reach(n)]
+        assert outside, "no parameter outside the aux loss's reach"
+        changed = [n for n in changed_grads(case["step"].grads, case["perturbed"].grads) if outside_aux_reach(n)]
+        assert changed == [], f"{len(changed)} of {len(outside)} changed: {changed[:4]}"
+
+    @pytest.mark.parametrize("aux", AUX)
+    def test_logged_mtp_loss_is_the_masked_cross_entropy(self, one_rank_cases, aux):
+        case, batch = one_rank_cases[aux], moe.batch_of_rank(0)
+        assert case["step"].mtp_losses[0] == pytest.approx(_masked_ce(case, batch), rel=REL)
+        assert case["step"].mtp_losses[0] != pytest.approx(_masked_ce(case, batch, mask_offset=1), rel=100 * REL)
+
+    @pytest.mark.parametrize("aux", AUX)
+    def test_logged_mtp_loss_is_unchanged(self, one_rank_cases, aux):
+        case = one_rank_cases[aux]
+        assert case["perturbed"].mtp_losses == case["step"].mtp_losses
+
+    @pytest.mark.parametrize("aux", AUX)
+    def test_lm_loss_is_the_masked_cross_entropy_and_unchanged(self, one_rank_cases, aux):
+        case = one_rank_cases[aux]
+        assert case["step"].lm_loss == pytest.approx(_lm_ce(case, moe.batch_of_rank(0)), rel=REL)
+        assert case["perturbed"].lm_loss == case["step"].lm_loss
+
+    def test_the_aux_loss_reaches_gradients_the_mask_does_not_govern(self, one_rank_cases):
+        """Why only the unreachable gradients are held exact with the aux loss on: it reads padding on either tree."""
+        case = one_rank_cases[moe.AUX_LOSS_COEFF]
+        changed = changed_grads(case["step"].grads, case["perturbed"].grads)
+        assert any(".router." in n for n in changed)
+
+
+@pytest.fixture(scope="module")
+def ep2_ranks(tree, tmp_path_factory):
+    """Every dispatcher x aux case on 2 ranks, expert parallel 2, one torchrun job with this session's tree."""
+    return launch("expert_parallel", tree, 2, tmp_path_factory.mktemp("expert_parallel"))
+
+
+def _cases(ranks, dispatcher, aux):
+    return [(rank["rank"], rank["batch"], rank["cases"][(dispatcher, aux)]) for rank in ranks]
+
+
+class TestExpertParallel2:
+    """The same checks with the experts split over 2 ranks; each rank has its own batch, so the logged MTP loss is
+    the mean of the ranks' masked CEs (core averages it over the data-parallel group)."""
+
+    def test_workers_ran_the_tree_under_test_with_experts_split(self, ep2_ranks, gpt_step_file):
+        assert [r["gpt_step_file"] for r in ep2_ranks] == [gpt_step_file] * 2
+        for rank in ep2_ranks:
+            assert set(rank["cases"]) == set(moe.CASES)
+            assert {case["local_experts"] for case in rank["cases"].values()} == {2}  # 4 experts over 2 ranks
+
+    @pytest.mark.parametrize("dispatcher", DISPATCHERS)
+    def test_every_gradient_is_unchanged_without_aux_loss(self, ep2_ranks, dispatcher):
+        for rank, _, case in _cases(ep2_ranks, dispatcher, 0.0):
+            changed = changed_grads(case["step"].grads, case["perturbed"].grads)
+            assert changed == [], f"rank {rank}: {len(changed)} of {len(case['step'].grads)} gradients changed"
+
+    @pytest.mark.parametrize("dispatcher", DISPATCHERS)
+    def test_gradients_the_aux_loss_cannot_reach_are_unchanged_with_aux_loss(self, ep2_ranks, dispatcher):
+        for rank, _, case in _cases(ep2_ranks, dispatcher, moe.AUX_LOSS_COEFF):
+            changed = [n for n in changed_grads(case["step"].grads, case["perturbed"].grads) if outside_aux_reach(n)]
+            assert changed == [], f"rank {rank}: {changed[:4]}"
+
+    @pytest.mark.parametrize("aux", AUX)
+    @pytest.mark.parametrize("dispatcher", DISPATCHERS)
+    def test_logged_mtp_loss_is_the_masked_cross_entropy_averaged_over_ranks(self, ep2_ranks, dispatcher, aux):
+        cases = _cases(ep2_ranks, dispatcher, aux)
+        expected = sum(_masked_ce(case, batch) for _, batch, case in cases) / len(cases)
+        for rank, _, case in cases:
+            assert case["step"].mtp_losses[0] == pytest.approx(expected, rel=REL), f"rank {rank}"
+            assert case["perturbed"].mtp_losses == case["step"].mtp_losses, f"rank {rank}"
+
+    @pytest.mark.parametrize("aux", AUX)
+    @pytest.mark.parametrize("dispatcher", DISPATCHERS)
+    def test_lm_loss_is_the_masked_cross_entropy_on_every_rank(self, ep2_ranks, dispatcher, aux):
+        for rank, batch, case in _cases(ep2_ranks, dispatcher, aux):
+            assert case["step"].lm_loss == pytest.approx(_lm_ce(case, batch), rel=REL), f"rank {rank}"
+            assert case["perturbed"].lm_loss == case["step"].lm_loss, f"rank {rank}"
+
+    @pytest.mark.parametrize("aux", AUX)
+    def test_alltoall_dispatch_matches_allgather(self, ep2_ranks, aux):
+        """The alltoall dispatcher's CPU stand-ins change nothing it computes."""
+        for (rank, _, gather), (_, _, to_all) in zip(
+            _cases(ep2_ranks, "allgather", aux), _cases(ep2_ranks, "alltoall", aux)
+        ):
+            assert to_all["step"].lm_loss == pytest.approx(gather["step"].lm_loss, rel=REL), f"rank {rank}"
+            assert to_all["step"].mtp_losses == pytest.approx(gather["step"].mtp_losses, rel=REL), f"rank {rank}"
+            for name, grad in gather["step"].grads.items():
+                assert to_all["step"].grads[name].allclose(grad, rtol=REL, atol=1e-7), f"rank {rank}: {name}"
