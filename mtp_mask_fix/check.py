@@ -39,8 +39,7 @@ class Verdict:
 
 
 def diff_for(target: Target, patch: Patch) -> tuple[str, str]:
-    """The whole patch where upstream's test files are present (never in an installed package), the source hunks
-    alone elsewhere; and which."""
+    """The whole patch where upstream's test files are present (never in a package), else its source hunks; and which."""
     whole = target.strip == 1 and all((target.root / path).is_file() for path in patch.test_files())
     return patch.part(src=None if whole else True), "source and tests" if whole else "source hunks only"
 
@@ -86,8 +85,7 @@ def check(target: Target, patch: Patch) -> Verdict:
 
 
 def _applies_to_head(target: Target, diff: str) -> bool:
-    """Whether the patch applies to the committed files (so only uncommitted edits are in the way): a
-    temporary index holding HEAD, and `git apply --cached --check` against it."""
+    """Whether the patch applies to HEAD (only uncommitted edits are in the way): `git apply --cached` to a HEAD index."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
         git("read-tree", "HEAD", cwd=target.root, env=env)

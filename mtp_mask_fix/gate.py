@@ -1,6 +1,5 @@
-"""gate: for each target, where it stands (check), then base and patched trees with FAIL_TO_PASS / PASS_TO_PASS on
-both, and every source hunk needed; a verdict table. Non-zero while the patch drifts, is no longer needed, or does
-not hold.
+"""gate: each target's state, then FAIL_TO_PASS / PASS_TO_PASS on its base and patched trees, and every source hunk
+needed; a verdict table. Non-zero while the patch drifts, is no longer needed, or does not hold.
 
 Releases run this repo's tests/unit_tests (FAIL_TO_PASS / PASS_TO_PASS from tests/red_green.toml) against the
 release's own files. Upstream checkouts run upstream's own test files that the patch changes, inside the trees
@@ -53,9 +52,10 @@ class Row:
     notes: list[str] = field(default_factory=list)
     red: str = "-"
     green: str = "-"
+    name: str = ""  # a checkout's tag or branch and commit, as upstream knows it
 
 
-SUMMARY = WORK / "gate" / "summary.json"  # each target's last row, for `pr`
+SUMMARY = WORK / "gate" / "summary.json"
 
 
 def release_row(target: Target, patch: Patch, manifest: Manifest) -> Row:
@@ -71,6 +71,9 @@ def release_row(target: Target, patch: Patch, manifest: Manifest) -> Row:
 def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
     """Upstream at `rev` plus the patch's test part (base), plus the whole patch (patched), and leave-one-out."""
     row = Row(target, upstream_files=patch.test_files())
+    row.name = git(
+        "describe", "--all", "--long", "--always", rev, cwd=target.root
+    ).stdout.strip()  # as upstream knows it
     work = WORK / "gate" / f"checkout-{target.root.name}"
     upstream = work / "upstream"
     shutil.rmtree(upstream, ignore_errors=True)
@@ -157,8 +160,12 @@ def evaluate(rows: list[Row], python: str) -> None:
     runs = dict(zip(sessions(rows), run_many(sessions(rows), python)))
     for row in [row for row in rows if row.base]:
         judge(row, runs)
-    summary = json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}
-    summary |= {row.target.label: {"red": row.red, "green": row.green} for row in rows if row.verdict == Verdict.PASS}
+    version = "import importlib.metadata as m; print(m.version('megatron-core'))"
+    core = subprocess.run([python, "-c", version], capture_output=True, text=True).stdout.strip()
+    held = {
+        f"{r.name} with megatron-core {core}": [r.red, r.green] for r in rows if r.name and r.verdict == Verdict.PASS
+    }
+    summary = (json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}) | held  # upstream checkouts, for `pr`
     SUMMARY.parent.mkdir(parents=True, exist_ok=True)
     SUMMARY.write_text(json.dumps(summary, indent=1))
 

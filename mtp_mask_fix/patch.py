@@ -99,8 +99,7 @@ class Patch:
         return cls(path, text, headers, body, metadata, diff, base.group(1) if base else None, files)
 
     def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
-        """A diff of some files: src=True upstream sources only, False tests only, None all; `leave_out` drops
-        one (path, hunk index), to show that each source hunk is needed."""
+        """Some files' diff (src: True sources, False tests, None all), less the `leave_out` (path, hunk index)."""
         out = []
         for patched_file in self.files:
             if src is not None and patched_file.path.startswith("src/") != src:

@@ -62,13 +62,13 @@ def _split_tests(patch: Patch, path: str) -> tuple[str, str]:
     return "".join(new), "".join(diff)
 
 
-def _effect_line() -> str:
-    """One line from `effect`'s figures, if it has run: what the bug costs the MTP head on answer tokens."""
+def _effect() -> str:
+    """`effect`'s figures in one line, if it has run: what the bug costs the MTP head on answer tokens."""
     if not EFFECT.exists():
         return ""
     from mtp_mask_fix.harness.effect import summary_line
 
-    return f"- `./run effect` ({summary_line(json.loads(EFFECT.read_text()))})\n"
+    return f"- Through SFT (`./run effect`, tiny model): {summary_line(json.loads(EFFECT.read_text()))}.\n"
 
 
 def render(figures_path: Path = WORK / "repro" / "figures.json") -> str:
@@ -93,10 +93,10 @@ def render(figures_path: Path = WORK / "repro" / "figures.json") -> str:
         "repro_line": f"MTP loss mass on masked positions {before['mtp_mass_on_masked']:.1%} -> "
         f"{after['mtp_mass_on_masked']:.1%}, LM loss {before['lm_loss']:.4f} -> {after['lm_loss']:.4f}.",
         "local_counts": "; ".join(
-            f"{t}: {r['red']} red without the fix, {r['green']} green with it" for t, r in counts
+            f"{where}: {red} fail without the fix, {green} pass with it" for where, (red, green) in counts
         )
-        or "(no local run recorded: `mtp-mask-fix gate --checkout <upstream>` first)",
-        "effect": _effect_line(),
+        or "(no upstream checkout gated yet: `mtp-mask-fix gate --checkout <upstream>` first)",
+        "effect": _effect(),
     }
     texts = [Template((TEMPLATES / name).read_text()).substitute(values) for name in ("review_6105.md", "pr_body.md")]
     rule = "-" * 100

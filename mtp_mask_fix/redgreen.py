@@ -19,9 +19,6 @@ from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.patch import REPO
 
 
-MANIFEST = REPO / "tests" / "red_green.toml"
-
-
 class Outcome(Enum):
     """How one test ended. Only ASSERTION counts as red (SWE-bench's rule): an import or collection error, a failed
     setup, another exception or a skip never proves that a test catches the bug."""
@@ -43,7 +40,7 @@ class Manifest:
     pass_to_pass: dict[str, list[str]]
 
     @classmethod
-    def load(cls, path: Path = MANIFEST) -> "Manifest":
+    def load(cls, path: Path = REPO / "tests" / "red_green.toml") -> "Manifest":
         data = tomllib.loads(path.read_text())
         return cls(
             {suite: body.get("fail_to_pass", []) for suite, body in data.items()},

@@ -29,8 +29,7 @@ class Kind(Enum):
 
 @dataclass(frozen=True)
 class Target:
-    """Where the patch goes; `import_root` is the directory that, first on the import path, gives its
-    `megatron.bridge` (src/ of a tree, the directory itself for an installed package or a release)."""
+    """Where the patch goes; `import_root`, first on the import path, gives its `megatron.bridge` (a tree's src/)."""
 
     label: str
     root: Path
