@@ -1,1 +1,2 @@
-"""Test harness that exists only in this repo: CPU shims and the tiny real model. Never sent upstream."""
+"""What runs inside processes that import megatron (never sent upstream): CPU shims and runtime workarounds, the tiny
+real MTP model and its workers, the behaviour probe behind `verify`, and the pytest runner and recorder of red/green."""
