@@ -33,8 +33,13 @@ def probe() -> dict:
         return torch.zeros(1, 4)
 
     group = type("Group", (), {"size": lambda self: 1, "rank": lambda self: 0})()
-    config = type("Config", (), {"mtp_num_layers": 1, "is_hybrid_model": False, "seq_length": 4})()
-    config.overlap_moe_expert_parallel_comm = False
+    fields = {
+        "mtp_num_layers": 1,
+        "is_hybrid_model": False,
+        "seq_length": 4,
+        "overlap_moe_expert_parallel_comm": False,
+    }
+    config = type("Config", (), fields)()
     gpt_step.get_model_config = lambda model: config
     gpt_step.get_pg_collection = lambda model: type("PG", (), {"pp": group, "cp": group})()
     gpt_step.get_batch = lambda *args, **kwargs: batch
