@@ -75,7 +75,7 @@ def _print_rss(label: str, figures: list[tuple[str, float]]) -> None:
 
 
 def _effect() -> None:
-    from mtp_mask_fix.harness.effect import run_effect
+    from experiments.effect import run_effect
 
     with tempfile.TemporaryDirectory(prefix="mtp-bench-effect-") as tmp:
         start = time.perf_counter()
@@ -92,9 +92,9 @@ def _effect() -> None:
 
 def _step_time(steps: int) -> None:
     """Median fwd+bwd step of the tiny model, patched and unpatched, one process each at once (one core each)."""
-    from mtp_mask_fix.harness.worker import Launch, launch_all
     from mtp_mask_fix.patch import VIEW
     from mtp_mask_fix.targets import pins, release
+    from tests.support.worker import Launch, launch_all
 
     trees = {"patched": VIEW, "unpatched": release(pins()["megatron-bridge"]).root}
     with tempfile.TemporaryDirectory(prefix="mtp-bench-step-") as tmp:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.patch import FIXED_FILE, Patch, apply_diff, first_error_line, git
-from mtp_mask_fix.probe import verify
 from mtp_mask_fix.targets import Kind, Target
+from mtp_mask_fix.verify import verify
 
 
 class State(Enum):

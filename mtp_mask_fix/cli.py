@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mtp_mask_fix import check, gate, pr, probe, refresh, targets, trees
+from mtp_mask_fix import check, gate, pr, refresh, targets, trees, verify
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.patch import WORK, Patch
 
@@ -46,8 +46,8 @@ def cmd_apply(args) -> tuple[str, Exit]:
 
 def cmd_verify(args) -> tuple[str, Exit]:
     python = _python(args)
-    target = targets.resolve(args.target or str(probe.imported_by(python)))
-    found = probe.verify(target, python)
+    target = targets.resolve(args.target or str(verify.imported_by(python)))
+    found = verify.verify(target, python)
     if not found.delivered:
         raise ToolError(f"{target.label}: {found.reason}", Exit.FAILED)
     return f"{target.label}: {found.reason}", Exit.OK
@@ -83,20 +83,6 @@ def cmd_status(args) -> tuple[str, Exit]:
 
 def cmd_pr(args) -> tuple[str, Exit]:
     return pr.render(args.figures), Exit.OK
-
-
-def cmd_repro(args) -> tuple[str, Exit]:
-    from mtp_mask_fix.harness.repro import format_table, run_repro  # imports torch
-
-    table = format_table(run_repro(args.out))
-    return f"{table}\n\nwrote {args.out / 'figures.json'} and {args.out / 'mtp_ce_per_position.png'}", Exit.OK
-
-
-def cmd_effect(args) -> tuple[str, Exit]:
-    from mtp_mask_fix.harness.effect import format_tables, run_effect  # imports torch
-
-    tables = format_tables(run_effect(args.out, args.size))
-    return f"{tables}\n\nwrote {args.out / 'figures.json'} and {args.out / 'effect.png'}", Exit.OK
 
 
 def cmd_view(args) -> tuple[str, Exit]:
@@ -138,11 +124,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
     p = command(cmd_pr, "print the review comment for #6105 and the PR body, with measured figures")
     p.add_argument("--figures", type=Path, default=WORK / "repro" / "figures.json", help="from `repro`")
-    p = command(cmd_repro, "the tiny real MTP model: the report's table before/after, and a plot")
-    p.add_argument("--out", type=Path, default=Path(".work/repro"), help="where figures.json and the PNG go")
-    p = command(cmd_effect, "pretraining, then answer-only SFT unpatched vs patched: what the bug costs")
-    p.add_argument("--out", type=Path, default=Path(".work/effect"), help="where figures.json and the PNG go")
-    p.add_argument("--size", choices=("full", "small"), default="full", help="small: the suite's quick version")
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", pinned)
     command(cmd_view, "write src/ = the pinned release + the patch (importable as megatron.bridge)")
     return parser

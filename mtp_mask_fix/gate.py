@@ -83,7 +83,7 @@ def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
     archive = subprocess.run(["git", "-C", str(target.root), "archive", rev, *paths], capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(upstream)], input=archive.stdout, check=True)
     diffs = [patch.part(src=False), patch.part()] + [patch.part(leave_out=h) for h in patch.source_hunks()]
-    args = ("-p", "mtp_mask_fix.harness.cpu_shims", "-o", "addopts=", "--strict-markers", *row.upstream_files)
+    args = ("-o", "addopts=", "--strict-markers", *row.upstream_files)
     jobs = []
     for diff in diffs:
         tree = work / str(diffs.index(diff))  # a leave-one-out diff equal to the base's is the base tree

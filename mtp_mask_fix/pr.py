@@ -66,7 +66,7 @@ def _effect() -> str:
     """`effect`'s figures in one line, if it has run: what the bug costs the MTP head on answer tokens."""
     if not EFFECT.exists():
         return ""
-    from mtp_mask_fix.harness.effect import summary_line
+    from experiments.effect import summary_line
 
     return f"- Through SFT (`./run effect`, tiny model): {summary_line(json.loads(EFFECT.read_text()))}.\n"
 

@@ -1,46 +1,99 @@
-"""verify: does a Megatron-Bridge hand the batch's loss_mask to a model with MTP on? Judged by behaviour.
+"""The behaviour probe behind `verify`, run as a script under the interpreter that trains (`PY path/to/probe.py`),
+with the target's import root first on PYTHONPATH: it calls the real `gpt_step.forward_step` of that Megatron-Bridge
+(MTP on, last pipeline stage) with a recording model and prints one JSON object: the gpt_step.py it ran, whether the
+model received the batch's loss_mask, and why. Exit 0 means the probe ran, whatever it found.
 
-The probe (harness/probe.py) runs under the interpreter that trains, with the target's import root first on
-PYTHONPATH, so the answer is about the code that interpreter really imports, whatever form its fix takes.
+The one module of the tool that imports torch and megatron, and only inside the target's interpreter; it imports
+nothing else of the tool, so it runs where only the target's own packages are installed. `make_state` is also the
+test suite's stand-in for Bridge's GlobalState (one copy).
 """
 
 import json
-import os
-import subprocess
-from pathlib import Path
-from typing import NamedTuple
-
-from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.patch import REPO
-from mtp_mask_fix.targets import Target
 
 
-class Found(NamedTuple):
-    """What the probe found: whether the batch's mask reached the model, and why not."""
+class NoopTimer:
+    """Bridge's timers and straggler timer: called, started, stopped and entered, doing nothing."""
 
-    delivered: bool
-    reason: str
+    def __call__(self, *args, **kwargs):
+        return self
 
+    def start(self, *args, **kwargs):
+        return None
 
-def verify(target: Target, python: str) -> Found:
-    """Run the probe under `python` against the target's own files."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target.import_root), str(REPO)]))
-    result = subprocess.run([python, "-m", "mtp_mask_fix.harness.probe"], capture_output=True, text=True, env=env)
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        why = f"the probe could not run {target.label} under {python} ({tail}); pass --python an interpreter"
-        return Found(False, f"{why} that imports this Megatron-Bridge (its megatron-core)")
-    found = json.loads(lines[-1])
-    if not Path(os.path.abspath(found["file"])).is_relative_to(os.path.abspath(target.import_root)):
-        return Found(False, f"{python} imported gpt_step from {found['file']}, not from {target.label}")
-    return Found(found["delivered"], found["reason"])
+    def stop(self, *args, **kwargs):
+        return None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
-def imported_by(python: str) -> Path:
-    """The directory holding the megatron/bridge that `python` imports (found without importing it)."""
-    code = "import importlib.util as u; s = u.find_spec('megatron.bridge'); print(s.submodule_search_locations[0])"
-    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    if found.returncode != 0:
-        raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
-    return Path(found.stdout.strip()).parents[1]
+def make_state(*, packed: bool = False, attention_mask_from_dataset: bool = True):
+    """The parts of Bridge's GlobalState that gpt_step.forward_step reads."""
+    cfg = type("Cfg", (), {})()
+    cfg.dataset = type(
+        "Dataset",
+        (),
+        {
+            "enable_offline_packing": packed,
+            "offline_packing_specs": None,
+            "skip_getting_attention_mask_from_dataset": packed or not attention_mask_from_dataset,
+        },
+    )()
+    cfg.model = type("Model", (), {"pipeline_model_parallel_layout": None})()
+    cfg.rerun_state_machine = type("Rerun", (), {"check_for_nan_in_loss": False, "check_for_spiky_loss": False})()
+    state = type("State", (), {})()
+    state.cfg = cfg
+    state.timers = NoopTimer()
+    state.straggler_timer = NoopTimer()
+    return state
+
+
+def probe() -> dict:
+    """Run forward_step once and report what the model received."""
+    import torch
+
+    import megatron.bridge.training.gpt_step as gpt_step
+
+    mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    batch = (
+        torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]]),
+        torch.tensor([[6, 7, 8, 0], [10, 11, 0, 0]]),
+        mask.clone(),
+        None,
+        torch.arange(4).repeat(2, 1),
+        None,
+    )
+    seen = {}
+
+    def model(**kwargs):
+        seen.update(kwargs)
+        return torch.zeros(2, 4)
+
+    group = type("Group", (), {"size": lambda self: 1, "rank": lambda self: 0})()
+    fields = {
+        "mtp_num_layers": 1,
+        "is_hybrid_model": False,
+        "seq_length": 4,
+        "overlap_moe_expert_parallel_comm": False,
+    }
+    config = type("Config", (), fields)()
+    gpt_step.get_model_config = lambda model: config
+    gpt_step.get_pg_collection = lambda model: type("PG", (), {"pp": group, "cp": group})()
+    gpt_step.get_batch = lambda *args, **kwargs: batch
+    gpt_step.forward_step(make_state(), iter(()), model)
+    given = seen.get("loss_mask")
+    delivered = isinstance(given, torch.Tensor) and torch.equal(given, mask)
+    if delivered:
+        reason = "the model receives the batch's loss_mask with MTP on"
+    elif "loss_mask" not in seen:
+        reason = "the model received no loss_mask with MTP on: the MTP loss falls back to an all-ones mask (#6103)"
+    else:
+        reason = f"the model received loss_mask={given!r}, not the batch's mask {mask!r}"
+    return {"file": gpt_step.__file__, "delivered": delivered, "reason": reason}
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe()))

@@ -74,11 +74,13 @@ class Run:
         return [f"{nodeid}: {reason}" for nodeid, o in self.outcomes.items() if o == Outcome.COLLECTION_ERROR]
 
 
-PYTEST = ("-p", "mtp_mask_fix.harness.recorder", "-p", "no:cacheprovider", "-q")
+PYTEST = ("-p", "mtp_mask_fix.recorder", "-p", "no:cacheprovider", "-q")
+# What every session under test imports before megatron.bridge, whatever the tree: imported once, before the fork.
+WARM = ("megatron.core", "megatron.training", "modelopt.torch.distill", "transformers")
 
 
 def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
-    """Run the jobs from one warm `python` process that forks a child per job (harness/warm_pytest.py)."""
+    """Run the jobs from one warm `python` process that forks a child per job (warm_pytest.py)."""
     with tempfile.TemporaryDirectory() as tmp:
         outs = [Path(tmp) / str(index) for index in range(len(jobs))]
         specs = [
@@ -86,8 +88,9 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
             for job, out in zip(jobs, outs)
         ]
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        warm = [python, "-m", "mtp_mask_fix.harness.warm_pytest"]
-        runner = subprocess.run(warm, input=json.dumps(specs), capture_output=True, text=True, env=env)
+        warm = [python, "-m", "mtp_mask_fix.warm_pytest"]
+        stdin = json.dumps({"warm": WARM, "jobs": specs})
+        runner = subprocess.run(warm, input=stdin, capture_output=True, text=True, env=env)
         if runner.returncode != 0:
             raise ToolError(
                 f"the pytest runner failed: {(runner.stderr.strip().splitlines() or ['?'])[-1]}", Exit.FAILED

@@ -1,15 +1,12 @@
-# CPU shims for this machine (Python 3.11, no TransformerEngine), in place before any test here imports
-# megatron.bridge; they do nothing where the real things exist. Not sent upstream.
 import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
-from mtp_mask_fix.harness import cpu_runtime, cpu_shims
+from tests.support import cpu_runtime
 
 
-cpu_shims.install()
 torch.set_num_threads(1)  # on this 2-core machine two threads were several times slower than one
 
 

@@ -13,8 +13,9 @@ padding (EOS runs it never saw) poorly: the rate over loss positions is far from
 import pytest
 import torch
 
-from mtp_mask_fix.harness import synthetic, tiny_mtp, training
-from mtp_mask_fix.harness.reference import top1_hits
+from experiments import synthetic, training
+from tests.support import tiny_mtp
+from tests.support.reference import top1_hits
 
 
 MTP_LAYERS = 2

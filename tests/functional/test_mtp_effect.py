@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.harness import effect
+from experiments import effect
 from mtp_mask_fix.patch import VIEW
 from mtp_mask_fix.targets import pins, release
 

@@ -9,8 +9,8 @@ sample, label-aligned mask). The Megatron-Bridge under test is the tree first on
 import pytest
 import torch
 
-from mtp_mask_fix.harness import tiny_mtp
-from mtp_mask_fix.harness.reference import (
+from tests.support import tiny_mtp
+from tests.support.reference import (
     changed_grads,
     mtp_ce_per_position,
     mtp_mask,
@@ -18,7 +18,7 @@ from mtp_mask_fix.harness.reference import (
     perturb_masked_positions,
     reference_mtp_loss,
 )
-from mtp_mask_fix.harness.worker import Launch, start
+from tests.support.worker import Launch, start
 
 
 MTP_DEPTHS = [(1, 1), (2, 1), (2, 2)]  # (mtp_num_layers, depth)

@@ -9,9 +9,9 @@ losses, and the gradients the aux loss cannot reach).
 
 import pytest
 
-from mtp_mask_fix.harness import moe
-from mtp_mask_fix.harness.reference import changed_grads, mtp_ce_per_position, mtp_mask, reference_mtp_loss
-from mtp_mask_fix.harness.worker import launch
+from tests.support import moe
+from tests.support.reference import changed_grads, mtp_ce_per_position, mtp_mask, reference_mtp_loss
+from tests.support.worker import launch
 
 
 REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits

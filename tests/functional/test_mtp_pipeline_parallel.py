@@ -9,14 +9,14 @@ stepped in this process.
 import pytest
 import torch
 
-from mtp_mask_fix.harness import pipeline, tiny_mtp
-from mtp_mask_fix.harness.reference import (
+from tests.support import pipeline, tiny_mtp
+from tests.support.reference import (
     changed_grads,
     mtp_ce_per_position,
     mtp_mask,
     reference_mtp_loss,
 )
-from mtp_mask_fix.harness.worker import Launch, start
+from tests.support.worker import Launch, start
 
 
 REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits

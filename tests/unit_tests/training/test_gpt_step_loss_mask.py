@@ -23,6 +23,7 @@ import torch
 
 import megatron.bridge.models.deepseek.deepseek_v4_step as deepseek_v4_step
 import megatron.bridge.training.gpt_step as gpt_step
+from mtp_mask_fix.probe import make_state
 
 
 # Two answer-only SFT samples: prompt, a short answer, padding. Label-aligned, as get_batch returns it.
@@ -37,11 +38,15 @@ FORWARD_STEPS = {
 class _Iterator:
     def __init__(self, batch):
         self.batch = batch
+        self._done = False
 
     def __iter__(self):
         return self
 
     def __next__(self):
+        if self._done:
+            raise StopIteration
+        self._done = True
         return self.batch
 
 
@@ -72,38 +77,33 @@ def _as_nocuda(tensor):
     return tensor.as_subclass(_NoCudaTensor)
 
 
-class _NoopTimer:
-    def __call__(self, *args, **kwargs):
-        return self
-
-    def start(self):
-        return None
-
-    def stop(self):
-        return None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc_value, traceback):
-        return False
-
-
 class _RecordingModel:
-    """Stands in for GPTModel: records the kwargs of the forward call and of build_schedule_plan."""
+    """Upstream's stand-in for GPTModel: records the kwargs of the forward call or of build_schedule_plan."""
 
-    def __init__(self, training=True):
+    def __init__(self, *, output=None, training=True):
+        self.output = output if output is not None else torch.arange(16, dtype=torch.float32).reshape(2, 8)
         self.training = training
         self.forward_kwargs = None
-        self.schedule_plan_kwargs = None
 
     def __call__(self, **kwargs):
         self.forward_kwargs = kwargs
-        return torch.arange(16, dtype=torch.float32).reshape(2, 8)
+        return self.output
 
     def build_schedule_plan(self, input_ids, position_ids, attention_mask, **kwargs):
-        self.schedule_plan_kwargs = kwargs
-        return "schedule plan"
+        self.forward_kwargs = {
+            "input_ids": input_ids,
+            "position_ids": position_ids,
+            "attention_mask": attention_mask,
+            **kwargs,
+        }
+        return self.output
+
+
+class _ScheduleOnlyModel(_RecordingModel):
+    """A model on the schedule-plan path (EP A2A overlap): its forward must not be called."""
+
+    def __call__(self, **kwargs):
+        raise AssertionError("forward called on the schedule-plan path")
 
 
 class _ModelWithoutLossMask:
@@ -113,26 +113,6 @@ class _ModelWithoutLossMask:
         self, input_ids, position_ids, attention_mask, decoder_input=None, labels=None, inference_context=None
     ):
         return torch.zeros(2, 8)
-
-
-def _make_state(*, packed=False, attention_mask_from_dataset=True):
-    cfg = type("Cfg", (), {})()
-    cfg.dataset = type(
-        "D",
-        (),
-        {
-            "enable_offline_packing": packed,
-            "offline_packing_specs": None,
-            "skip_getting_attention_mask_from_dataset": packed or not attention_mask_from_dataset,
-        },
-    )()
-    cfg.model = type("M", (), {"pipeline_model_parallel_layout": None})()
-    cfg.rerun_state_machine = type("R", (), {"check_for_nan_in_loss": False, "check_for_spiky_loss": False})()
-    state = type("State", (), {})()
-    state.cfg = cfg
-    state.timers = _NoopTimer()
-    state.straggler_timer = _NoopTimer()
-    return state
 
 
 def _sft_batch(*, packed=False):
@@ -181,7 +161,7 @@ class TestModelWithMtpReceivesLossMask:
     def test_model_receives_batch_loss_mask(self, config, forward_step, packed):
         model = _RecordingModel()
 
-        FORWARD_STEPS[forward_step](_make_state(packed=packed), _Iterator(_sft_batch(packed=packed)), model)
+        FORWARD_STEPS[forward_step](make_state(packed=packed), _Iterator(_sft_batch(packed=packed)), model)
 
         assert "loss_mask" in model.forward_kwargs
         assert torch.equal(model.forward_kwargs["loss_mask"], _expected_mask(packed=packed))
@@ -191,7 +171,7 @@ class TestModelWithMtpReceivesLossMask:
         model = _RecordingModel(training=False)
 
         with torch.no_grad():
-            gpt_step.forward_step(_make_state(), _Iterator(_sft_batch()), model)
+            gpt_step.forward_step(make_state(), _Iterator(_sft_batch()), model)
 
         assert "loss_mask" in model.forward_kwargs
         assert torch.equal(model.forward_kwargs["loss_mask"], _expected_mask())
@@ -199,13 +179,12 @@ class TestModelWithMtpReceivesLossMask:
     @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
     def test_schedule_plan_receives_batch_loss_mask(self, config, packed):
         config.overlap_moe_expert_parallel_comm = True
-        model = _RecordingModel()
+        model = _ScheduleOnlyModel()
 
-        gpt_step.forward_step(_make_state(packed=packed), _Iterator(_sft_batch(packed=packed)), model, True)
+        gpt_step.forward_step(make_state(packed=packed), _Iterator(_sft_batch(packed=packed)), model, True)
 
-        assert model.forward_kwargs is None
-        assert "loss_mask" in model.schedule_plan_kwargs
-        assert torch.equal(model.schedule_plan_kwargs["loss_mask"], _expected_mask(packed=packed))
+        assert "loss_mask" in model.forward_kwargs
+        assert torch.equal(model.forward_kwargs["loss_mask"], _expected_mask(packed=packed))
 
     @pytest.mark.parametrize("is_first", [True, False], ids=["first_pp_stage", "middle_pp_stage"])
     def test_stage_without_labels_passes_no_mask(self, monkeypatch, config, is_first):
@@ -213,7 +192,7 @@ class TestModelWithMtpReceivesLossMask:
         monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_last_stage", lambda pg: False)
         model = _RecordingModel()
 
-        gpt_step.forward_step(_make_state(attention_mask_from_dataset=False), _Iterator(_sft_batch()), model)
+        gpt_step.forward_step(make_state(attention_mask_from_dataset=False), _Iterator(_sft_batch()), model)
 
         assert model.forward_kwargs.get("loss_mask") is None
 
@@ -222,12 +201,12 @@ class TestModelWithoutMtp:
     def test_model_without_loss_mask_parameter_still_trains(self, config):
         config.mtp_num_layers = 0
 
-        output, _ = gpt_step.forward_step(_make_state(), _Iterator(_sft_batch()), _ModelWithoutLossMask())
+        output, _ = gpt_step.forward_step(make_state(), _Iterator(_sft_batch()), _ModelWithoutLossMask())
 
         assert torch.equal(output, torch.zeros(2, 8))
 
     def test_lm_loss_sums_only_masked_tokens(self, config):
-        output, loss_function = gpt_step.forward_step(_make_state(), _Iterator(_sft_batch()), _RecordingModel())
+        output, loss_function = gpt_step.forward_step(make_state(), _Iterator(_sft_batch()), _RecordingModel())
 
         loss, num_tokens, report = loss_function(output)
 

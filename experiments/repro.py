@@ -7,10 +7,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from mtp_mask_fix.harness.reference import loss_mass_on_masked
-from mtp_mask_fix.harness.worker import Launch, launch_all
-from mtp_mask_fix.patch import VIEW
+from mtp_mask_fix.patch import VIEW, WORK
 from mtp_mask_fix.targets import pins, release
+from tests.support.reference import loss_mass_on_masked
+from tests.support.worker import Launch, launch_all
 
 
 SIDES = ("before", "after")
@@ -115,3 +115,9 @@ def format_table(figures: dict) -> str:
         f"{batch['shape'][1]}, {batch['loss_tokens']} loss tokens; before = unpatched gpt_step.py, after = patched)"
     )
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    out = WORK / "repro"
+    print(format_table(run_repro(out)))
+    print(f"\nwrote {out / 'figures.json'} and {out / 'mtp_ce_per_position.png'}")

@@ -8,8 +8,8 @@ governs can stay exact. Off (core's default) nothing may change. The tests hold 
 
 import contextlib
 
-from mtp_mask_fix.harness import cpu_runtime, tiny_mtp
-from mtp_mask_fix.harness.reference import perturb_masked_positions
+from tests.support import cpu_runtime, tiny_mtp
+from tests.support.reference import perturb_masked_positions
 
 
 SEQ = 24  # every rank's batch the same length

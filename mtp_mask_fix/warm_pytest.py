@@ -1,24 +1,16 @@
 """Run several pytest sessions from one warm process: import the third-party stack once, fork per session.
 
-`python -m mtp_mask_fix.harness.warm_pytest` reads a JSON list of jobs ({args, cwd, out}) on stdin and runs them.
-Nothing of megatron.bridge is imported before the fork: each child's arguments put its own tree first on the import
+`python -m mtp_mask_fix.warm_pytest` reads {"warm": [module, ...], "jobs": [{args, cwd, out}, ...]} on stdin, imports
+the warm modules (the caller names them: the third-party stack of the tree under test), then runs the jobs. The tool
+itself imports none of them. Nothing of megatron.bridge is imported before the fork: each child's arguments put its own tree first on the import
 path, exactly as in a fresh process. What is shared (torch, megatron.core, megatron.training, transformers,
 modelopt) is the same for every tree, and importing it is most of a session's start-up.
 """
 
+import importlib
 import json
 import os
 import sys
-
-
-def _warm_up() -> None:
-    from mtp_mask_fix.harness import cpu_shims
-
-    cpu_shims.install()  # imports megatron.core first, as every session does
-    import megatron.training  # noqa: F401
-    import modelopt.torch.distill  # noqa: F401
-    import pytest  # noqa: F401
-    import transformers  # noqa: F401
 
 
 def _child(job: dict) -> None:
@@ -37,9 +29,11 @@ def _child(job: dict) -> None:
 
 def main() -> None:
     """Fork one child per job, at most `parallel` at a time; each leaves OUT.jsonl (the recorder's) and OUT.log."""
-    jobs = json.load(sys.stdin)
+    spec = json.load(sys.stdin)
+    jobs = spec["jobs"]
     parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
-    _warm_up()
+    for module in ["pytest", *spec["warm"]]:
+        importlib.import_module(module)
     pending, running = list(jobs), 0
     while pending or running:
         while pending and running < parallel:

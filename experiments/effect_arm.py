@@ -1,4 +1,4 @@
-"""One arm of the effect experiment (harness.effect), run by the worker with one tree first on the import path.
+"""One arm of the effect experiment (experiments.effect), run by the worker with one tree first on the import path.
 
 Pretrain the tiny MTP model (mtp_num_layers 1) on packed chain-A text (all-ones mask, no padding: both trees take the
 same steps, which the weights hash shows), then for each seed and data setting fine-tune copies of it with
@@ -12,9 +12,10 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from mtp_mask_fix.harness import cpu_runtime, tiny_mtp, training
-from mtp_mask_fix.harness import synthetic as syn
-from mtp_mask_fix.harness.reference import mtp_ce_per_position, mtp_mask, mtp_positions
+from experiments import synthetic as syn
+from experiments import training
+from tests.support import cpu_runtime, tiny_mtp
+from tests.support.reference import mtp_ce_per_position, mtp_mask, mtp_positions
 
 
 @dataclass(frozen=True)

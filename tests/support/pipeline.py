@@ -8,8 +8,8 @@ reports their hash, so a test can check its own 1-rank run starts from the same 
 
 import torch
 
-from mtp_mask_fix.harness import cpu_runtime, tiny_mtp
-from mtp_mask_fix.harness.reference import perturb_masked_positions
+from tests.support import cpu_runtime, tiny_mtp
+from tests.support.reference import perturb_masked_positions
 
 
 SEQ = 24  # every micro-batch padded to the schedule's one sequence length

@@ -3,8 +3,8 @@ core's schedule), every update torch's Adam, so the tree on the import path is t
 
 import torch
 
-from mtp_mask_fix.harness import tiny_mtp
-from mtp_mask_fix.harness.reference import mtp_ce_per_position, mtp_mask, top1_hits
+from tests.support import tiny_mtp
+from tests.support.reference import mtp_ce_per_position, mtp_mask, top1_hits
 
 
 def adam_steps(model, batches, lr: float, *, record=lambda step: False):

@@ -1,4 +1,4 @@
-"""pytest plugin the red/green runner loads (`-p mtp_mask_fix.harness.recorder`): one JSON line per test into the file
+"""pytest plugin the red/green runner loads (`-p mtp_mask_fix.recorder`): one JSON line per test into the file
 MTP_FIX_OUTCOMES names, with its Outcome (an assertion failure told apart from any other error) and the
 gpt_step.py the session really imported."""
 

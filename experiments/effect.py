@@ -1,7 +1,7 @@
 """What the bug costs through SFT: the same pretraining and the same answer-only SFT, unpatched vs patched.
 
 Each arm is its own process with its own tree first on the import path (unpatched = the pinned release as shipped,
-patched = the view, release + patch), both at once; harness.effect_arm says what an arm does. Every figure is measured
+patched = the view, release + patch), both at once; experiments.effect_arm says what an arm does. Every figure is measured
 in the run; nothing here asserts what the effect is.
 
 ``run_effect(OUT, size)`` writes OUT/figures.json (and returns the same dict), OUT/effect.png (held-out true
@@ -42,11 +42,11 @@ import json
 import statistics
 from pathlib import Path
 
-from mtp_mask_fix.harness.reference import loss_mass_on_masked
-from mtp_mask_fix.harness.synthetic import ROLES
-from mtp_mask_fix.harness.worker import Launch, launch_all
-from mtp_mask_fix.patch import VIEW
+from experiments.synthetic import ROLES
+from mtp_mask_fix.patch import VIEW, WORK
 from mtp_mask_fix.targets import pins, release
+from tests.support.reference import loss_mass_on_masked
+from tests.support.worker import Launch, launch_all
 
 
 ARMS = ("unpatched", "patched")
@@ -296,3 +296,14 @@ def summary_line(figures: dict) -> str:
         )
     plan = figures["plan"]
     return f"after {plan['sft_steps']} SFT steps, {len(plan['seeds'])} seeds: " + "; ".join(parts)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=("full", "small"), default="full", help="small: the suite's quick version")
+    size = parser.parse_args().size
+    out = WORK / "effect"
+    print(format_tables(run_effect(out, size)))
+    print(f"\nwrote {out / 'figures.json'} and {out / 'effect.png'}")

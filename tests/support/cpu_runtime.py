@@ -1,8 +1,8 @@
 """The one set of runtime workarounds that lets megatron-core's real code step a tiny model on CPU with gloo.
 
-Every step the harness takes (1 rank, TP2, PP2, MoE/EP2, acceptance, effect) goes through these. Each says which CPU
+Every step the tiny model takes (1 rank, TP2, PP2, MoE/EP2, acceptance, effect) goes through these. Each says which CPU
 failure it avoids; none touches Megatron-Bridge or the patch. Import-time shims (Python 3.11, no TransformerEngine)
-are in cpu_shims.
+are in site/sitecustomize.py.
 """
 
 import contextlib

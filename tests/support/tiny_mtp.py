@@ -7,7 +7,7 @@ driving ``gpt_step.forward_step``. The harness only builds inputs and records wh
 in cpu_runtime.
 
 Which Megatron-Bridge runs is whichever tree comes first on the import path (see mtp_mask_fix.trees); this module
-never imports ``megatron.bridge`` at import time. Multi-rank runs start ``mtp_mask_fix.harness.worker`` under torchrun.
+never imports ``megatron.bridge`` at import time. Multi-rank runs start ``tests.support.worker`` under torchrun.
 """
 
 import hashlib
@@ -17,8 +17,8 @@ from functools import partial
 
 import torch
 
-from mtp_mask_fix.harness import cpu_runtime
-from mtp_mask_fix.harness.fakes import make_state
+from mtp_mask_fix.probe import make_state
+from tests.support import cpu_runtime
 
 
 VOCAB = 128

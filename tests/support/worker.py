@@ -1,7 +1,7 @@
 """Worker entry for the tiny model: one process, or one of torchrun's ranks.
 
     PYTHONPATH=TREE:REPO python -m torch.distributed.run --standalone --nproc-per-node 2 \
-        -m mtp_mask_fix.harness.worker MODE --out DIR
+        -m tests.support.worker MODE --out DIR
 
 Each rank saves what MODE returns to DIR/rank<r>.pt: raw measurements only; the tests make every assertion.
 TREE (first on the import path) is the Megatron-Bridge under test. ``launch`` / ``launch_all`` run workers and wait;
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from mtp_mask_fix.harness import cpu_runtime, cpu_shims, tiny_mtp
-from mtp_mask_fix.harness.reference import mtp_ce_per_position, mtp_mask, mtp_positions, perturb_masked_positions
 from mtp_mask_fix.patch import REPO
+from tests.support import cpu_runtime, tiny_mtp
+from tests.support.reference import mtp_ce_per_position, mtp_mask, mtp_positions, perturb_masked_positions
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Launch:
         head = [sys.executable]
         if self.ranks > 1:
             head += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.ranks)]
-        return head + ["-m", "mtp_mask_fix.harness.worker", self.mode, "--out", str(self.out), *self.args]
+        return head + ["-m", "tests.support.worker", self.mode, "--out", str(self.out), *self.args]
 
 
 class Started:
@@ -151,22 +151,22 @@ def bench(args) -> dict:
 
 
 def pipeline(args) -> dict:
-    """PP = world size vs the same model unpipelined (see harness.pipeline)."""
-    from mtp_mask_fix.harness.pipeline import measure
+    """PP = world size vs the same model unpipelined (see pipeline)."""
+    from tests.support.pipeline import measure
 
     return measure(_world())
 
 
 def expert_parallel(args) -> dict:
-    """MoE with EP = world size, every dispatcher and aux-loss case (see harness.moe)."""
-    from mtp_mask_fix.harness.moe import CASES, measure
+    """MoE with EP = world size, every dispatcher and aux-loss case (see moe)."""
+    from tests.support.moe import CASES, measure
 
     return measure(_world(), CASES)
 
 
 def effect(args) -> dict:
-    """One arm of the effect experiment (see harness.effect_arm)."""
-    from mtp_mask_fix.harness.effect_arm import measure
+    """One arm of the effect experiment (see effect_arm)."""
+    from experiments.effect_arm import measure
 
     return measure(args.size)
 
@@ -182,7 +182,7 @@ MODES = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    """One rank: CPU shims, MODE (which sets up its own parallel layout), then its payload saved to --out."""
+    """One rank: MODE (which sets up its own parallel layout), then its payload saved to --out."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("--out", type=Path, required=True, help="directory for rank<r>.pt")
@@ -191,7 +191,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     torch.set_num_threads(1)  # two threads were several times slower than one on this 2-core machine
-    cpu_shims.install()
     import megatron.bridge.training.gpt_step as gpt_step
 
     imported = time.perf_counter()

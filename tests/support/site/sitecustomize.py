@@ -1,0 +1,60 @@
+"""CPU shims for this machine only (Python 3.11, no TransformerEngine, no CUDA), loaded by every Python process of the
+test environment: `./run` puts this directory on PYTHONPATH, so pytest, its forked sessions, the verify probe and
+every worker rank get the same shims without asking for them. Nothing here enters the patch or the tool.
+
+Each shim acts only when the real thing is missing, so with Python >= 3.12 and TransformerEngine installed it does
+nothing.
+"""
+
+import importlib.abc
+import importlib.util
+import sys
+import types
+import typing
+
+
+def _alias_typing_override() -> None:
+    # megatron.training.models (megatron-core 0.19) does `from typing import override`, a 3.12 name.
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
+
+
+def _stub_transformer_engine() -> None:
+    # megatron/bridge/__init__.py imports every model, and peft/lora_layers.py needs
+    # `transformer_engine.pytorch.ops.Sequential` at class-definition time. TransformerEngine needs CUDA to install.
+    # megatron.core is imported first, so that core records HAVE_TE = False; then only that one attribute is stubbed;
+    # version "0.0" makes core's version gates pick their non-TE paths.
+    import megatron.core  # noqa: F401
+
+    te = types.ModuleType("transformer_engine")
+    te.__version__ = "0.0"
+    te_pytorch = types.ModuleType("transformer_engine.pytorch")
+    te_pytorch.ops = types.SimpleNamespace(Sequential=type("Sequential", (), {}))
+    te.pytorch = te_pytorch
+    sys.modules["transformer_engine"] = te
+    sys.modules["transformer_engine.pytorch"] = te_pytorch
+
+
+class _StubBeforeBridge(importlib.abc.MetaPathFinder):
+    """Stubs TransformerEngine right before the first import of megatron.bridge, not at start-up: a process that
+    never imports Megatron-Bridge (git helpers, the tool itself) pays nothing."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "megatron.bridge":
+            sys.meta_path.remove(self)
+            _stub_transformer_engine()
+        return None
+
+
+def install() -> None:
+    """Idempotent; a no-op where TransformerEngine is installed."""
+    _alias_typing_override()
+    if importlib.util.find_spec("transformer_engine") is None and not any(
+        isinstance(finder, _StubBeforeBridge) for finder in sys.meta_path
+    ):
+        sys.meta_path.insert(0, _StubBeforeBridge())
+
+
+install()
