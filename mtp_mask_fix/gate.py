@@ -1,8 +1,8 @@
 """gate: each target's state, then FAIL_TO_PASS / PASS_TO_PASS on its base and patched trees, and every source hunk
 needed; a verdict table. Non-zero while the patch drifts, is no longer needed, or does not hold.
 
-Releases run this repo's tests/unit_tests (FAIL_TO_PASS / PASS_TO_PASS from tests/red_green.toml) against the
-release's own files. Upstream checkouts run upstream's own test files that the patch changes, inside the trees
+Releases run this repo's tests/unit_tests (FAIL_TO_PASS: the tests marked `fail_to_pass`) against the release's own
+files. Upstream checkouts run upstream's own test files that the patch changes, inside the trees
 (SWE-bench style: the base tree gets the patch's test part, the patched tree the whole patch): the tests the
 patch adds or changes must pass patched and, on the base, pass or fail by assertion (at least one must), and every
 other test must pass on both.
@@ -21,7 +21,7 @@ from pathlib import Path
 from mtp_mask_fix.check import State, check
 from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.patch import WORK, Patch, git
-from mtp_mask_fix.redgreen import Job, Manifest, Outcome, Run, problems, run_many
+from mtp_mask_fix.redgreen import Job, Outcome, Run, problems, run_many
 from mtp_mask_fix.targets import Kind, Target
 from mtp_mask_fix.trees import materialise
 
@@ -44,8 +44,6 @@ class Row:
     base: Job | None = None
     patched: Job | None = None
     without: list[Job] = field(default_factory=list)  # the patch with source hunk i + 1 left out
-    fail_to_pass: list[str] = field(default_factory=list)
-    pass_to_pass: list[str] = field(default_factory=list)
     upstream_files: list[str] = field(default_factory=list)  # upstream's test files the patch changes (checkouts)
     touched: set[str] = field(default_factory=set)  # their tests that the patch adds or changes
     verdict: Verdict = Verdict.PASS
@@ -58,9 +56,9 @@ class Row:
 SUMMARY = WORK / "gate" / "summary.json"
 
 
-def release_row(target: Target, patch: Patch, manifest: Manifest) -> Row:
+def release_row(target: Target, patch: Patch) -> Row:
     """The release as shipped (base), with the source hunks (patched), and with each source hunk left out."""
-    row = Row(target, fail_to_pass=manifest.fail_to_pass["unit"], pass_to_pass=manifest.pass_to_pass["unit"])
+    row = Row(target)
     work = WORK / "gate" / target.root.name
     diffs = ["", patch.part(src=True)] + [patch.part(src=True, leave_out=h) for h in patch.source_hunks()]
     trees = [materialise(target.root, work / str(i), diff) if diff else target.root for i, diff in enumerate(diffs)]
@@ -136,12 +134,16 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     if base.collection_errors():
         row.verdict, row.notes = Verdict.OTHER_ENVIRONMENT, base.collection_errors()[:1]
         return
-    upstream = [n for n in patched.outcomes if n.split("::")[0] in row.upstream_files]
-    red = [n for n in upstream if n.split("[")[0] in row.touched and base.of(n) == Outcome.ASSERTION]
-    fail_to_pass, pass_to_pass = row.fail_to_pass + red, row.pass_to_pass + [n for n in upstream if n not in red]
+    if row.upstream_files:  # upstream's own tests: those the patch adds or changes and that fail on the base by assertion
+        upstream = [n for n in patched.outcomes if n.split("::")[0] in row.upstream_files]
+        fail_to_pass = [n for n in upstream if n.split("[")[0] in row.touched and base.of(n) == Outcome.ASSERTION]
+        pass_to_pass = [n for n in upstream if n not in fail_to_pass]
+    else:
+        fail_to_pass, pass_to_pass = patched.split()
     row.notes += problems(base, patched, fail_to_pass, pass_to_pass)
-    if row.upstream_files and not red:
-        row.notes.append(f"no test the patch adds to {', '.join(row.upstream_files)} fails on the base by assertion")
+    if not fail_to_pass:  # never a pass when nothing could go red
+        where = ", ".join(row.upstream_files) or "tests/unit_tests"
+        row.notes.append(f"no FAIL_TO_PASS test of {where} ran: nothing was tested")
     for hunk, job in enumerate(row.without, 1):
         if not any(runs[job].of(n) == Outcome.ASSERTION for n in fail_to_pass):
             row.notes.append(f"without source hunk {hunk} no FAIL_TO_PASS test goes red: that hunk is not needed")
@@ -172,7 +174,7 @@ def evaluate(rows: list[Row], python: str) -> None:
 
 def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> tuple[str, Exit]:
     """Each target's state (on stderr), every tree's tests, then the table and the worst verdict's exit code."""
-    manifest, start, rows = Manifest.load(), time.monotonic(), []
+    start, rows = time.monotonic(), []
     for target in targets:
         verdict = check(target, patch)
         print(f"[gate] {verdict}", file=sys.stderr)
@@ -181,7 +183,7 @@ def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> t
             rows.append(Row(target, verdict=standing, notes=[str(verdict)]))
         else:
             rows.append(
-                checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch, manifest)
+                checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch)
             )
     if sessions(rows):
         print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)

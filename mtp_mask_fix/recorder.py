@@ -1,6 +1,6 @@
 """pytest plugin the red/green runner loads (`-p mtp_mask_fix.recorder`): one JSON line per test into the file
-MTP_FIX_OUTCOMES names, with its Outcome (an assertion failure told apart from any other error) and the
-gpt_step.py the session really imported."""
+MTP_FIX_OUTCOMES names, with its Outcome (an assertion failure told apart from any other error), whether it is marked
+`fail_to_pass`, and the gpt_step.py the session really imported."""
 
 import json
 import os
@@ -14,13 +14,11 @@ from mtp_mask_fix.redgreen import Outcome
 GPT_STEP = "megatron.bridge.training.gpt_step"
 
 
-def _record(nodeid: str, outcome: Outcome) -> None:
+def _record(nodeid: str, outcome: Outcome, fail_to_pass: bool = False) -> None:
     with open(os.environ["MTP_FIX_OUTCOMES"], "a") as handle:
         module = sys.modules.get(GPT_STEP)
-        handle.write(
-            json.dumps({"nodeid": nodeid, "outcome": outcome.value, "gpt_step": getattr(module, "__file__", None)})
-            + "\n"
-        )
+        entry = {"nodeid": nodeid, "outcome": outcome.value, "gpt_step": getattr(module, "__file__", None)}
+        handle.write(json.dumps(entry | {"fail_to_pass": fail_to_pass}) + "\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -38,7 +36,7 @@ def pytest_runtest_makereport(item, call):
             outcome = Outcome.ASSERTION
         else:
             outcome = Outcome.OTHER_FAILURE
-        _record(item.nodeid, outcome)
+        _record(item.nodeid, outcome, item.get_closest_marker("fail_to_pass") is not None)
 
 
 def pytest_collectreport(report):

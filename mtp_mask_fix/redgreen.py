@@ -1,4 +1,7 @@
-"""FAIL_TO_PASS / PASS_TO_PASS: the manifest, pytest sessions that record outcomes, and the contract between them.
+"""FAIL_TO_PASS / PASS_TO_PASS: pytest sessions that record outcomes, and the contract between them.
+
+FAIL_TO_PASS are the tests marked `@pytest.mark.fail_to_pass` (the one place that says so); every other test of a
+session is PASS_TO_PASS.
 
 Each session chooses its code under test the one way this repo knows: a tree first on the import path
 (`-o pythonpath=TREE`). Sessions are forked from one warm process (warm_pytest), two at a time.
@@ -10,7 +13,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import tomllib
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -33,22 +35,6 @@ class Outcome(Enum):
 
 
 @dataclass(frozen=True)
-class Manifest:
-    """Test ids per suite ([unit], [functional]): which must go red on the base, which must stay green."""
-
-    fail_to_pass: dict[str, list[str]]
-    pass_to_pass: dict[str, list[str]]
-
-    @classmethod
-    def load(cls, path: Path = REPO / "tests" / "red_green.toml") -> "Manifest":
-        data = tomllib.loads(path.read_text())
-        return cls(
-            {suite: body.get("fail_to_pass", []) for suite, body in data.items()},
-            {suite: body.get("pass_to_pass", []) for suite, body in data.items()},
-        )
-
-
-@dataclass(frozen=True)
 class Job:
     """One pytest session: its arguments, the tree first on its import path, and where it runs."""
 
@@ -59,11 +45,17 @@ class Job:
 
 @dataclass
 class Run:
-    """One finished session: the outcome of each test, the gpt_step.py files it imported, and its log."""
+    """One finished session: the outcome of each test, which are marked `fail_to_pass`, the gpt_step.py files it
+    imported, and its log."""
 
     outcomes: dict[str, Outcome]
+    marked: set[str]
     gpt_step_files: set[str]
     log: str = field(repr=False, default="")
+
+    def split(self) -> tuple[list[str], list[str]]:
+        """(FAIL_TO_PASS, PASS_TO_PASS): the tests marked `fail_to_pass`, and every other test this session ran."""
+        return [n for n in self.outcomes if n in self.marked], [n for n in self.outcomes if n not in self.marked]
 
     def of(self, nodeid: str) -> Outcome:
         return self.outcomes.get(nodeid, Outcome.MISSING)
@@ -110,7 +102,10 @@ def _read(out: Path) -> Run:
     entries = [json.loads(line) for line in recorded.read_text().splitlines()] if recorded.exists() else []
     log = out.with_suffix(".log").read_text(errors="replace")
     return Run(
-        {e["nodeid"]: Outcome(e["outcome"]) for e in entries}, {e["gpt_step"] for e in entries if e["gpt_step"]}, log
+        {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
+        {e["nodeid"] for e in entries if e["fail_to_pass"]},
+        {e["gpt_step"] for e in entries if e["gpt_step"]},
+        log,
     )
 
 

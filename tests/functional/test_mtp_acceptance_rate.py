@@ -46,6 +46,7 @@ def _top1(result, batch, depth, all_ones=False) -> tuple[int, int]:
 
 
 class TestAcceptanceRate:
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("depth", DEPTHS)
     def test_logged_acceptance_rate_is_top1_over_loss_positions(self, sft_steps, depth):
         for step, (batch, result) in enumerate(sft_steps, start=1):
@@ -57,6 +58,7 @@ class TestAcceptanceRate:
                 f"over every position {all_ones[0]}/{all_ones[1]}"
             )
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("depth", DEPTHS)
     def test_logged_cumulative_acceptance_rate_is_top1_over_loss_positions(self, sft_steps, depth):
         hits = counted = 0

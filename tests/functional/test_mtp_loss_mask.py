@@ -85,11 +85,13 @@ class TestGradientInvariance:
     test_perturbation_changes_the_ce_an_all_ones_mask_would_count.
     """
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("mtp_num_layers", [1, 2])
     def test_every_gradient_is_unchanged(self, steps, perturbed_steps, mtp_num_layers):
         changed = changed_grads(steps[mtp_num_layers].grads, perturbed_steps[mtp_num_layers].grads)
         assert changed == [], f"{len(changed)} of {len(steps[mtp_num_layers].grads)} gradients changed"
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("mtp_num_layers", [1, 2])
     def test_logged_losses_are_unchanged(self, steps, perturbed_steps, mtp_num_layers):
         assert perturbed_steps[mtp_num_layers].lm_loss == steps[mtp_num_layers].lm_loss
@@ -112,6 +114,7 @@ class TestGradientInvariance:
 class TestLoggedMtpLoss:
     """The MTP loss core logs is the masked CE of depth k, whose target at t is labels[t + k]."""
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
     def test_logged_mtp_loss_is_the_masked_cross_entropy(self, batch, steps, mtp_num_layers, depth):
         step = steps[mtp_num_layers]
@@ -130,6 +133,7 @@ class TestLoggedMtpLoss:
         assert shifted != pytest.approx(reference_mtp_loss(logits, labels, mask, depth), rel=100 * REL)
         assert step.mtp_losses[depth - 1] != pytest.approx(shifted, rel=100 * REL)
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize(("mtp_num_layers", "depth"), MTP_DEPTHS)
     def test_mtp_gradient_weight_is_zero_exactly_at_masked_positions(self, batch, steps, mtp_num_layers, depth):
         """Each position's weight in the step loss (gradient reaching its CE) follows the rolled loss mask."""
@@ -154,7 +158,7 @@ class TestLanguageModelLoss:
 
 @pytest.fixture(scope="module")
 def tp2_job(tree, tmp_path_factory):
-    """The same steps on 2 ranks, tensor parallel 2, under torchrun, with this session's tree: started, not awaited."""
+    """The same steps on 2 ranks, tensor parallel 2, forked, with this session's tree: started, not awaited."""
     return start(Launch("suite", tree, 2, tmp_path_factory.mktemp("tp2")))
 
 
@@ -175,6 +179,7 @@ class TestTensorParallel2:
         assert [r["tensor_parallel"] for r in tp2_ranks] == [2, 2]
         assert [r["gpt_step_file"] for r in tp2_ranks] == [gpt_step_file] * 2
 
+    @pytest.mark.fail_to_pass
     def test_every_gradient_is_unchanged_on_every_rank(self, tp2_ranks):
         for rank, k, run in _per_rank(tp2_ranks):
             changed = changed_grads(run["step"].grads, run["perturbed"].grads)
@@ -184,6 +189,7 @@ class TestTensorParallel2:
                 run["step"].mtp_losses,
             )
 
+    @pytest.mark.fail_to_pass
     def test_logged_mtp_loss_is_the_masked_cross_entropy(self, tp2_ranks, batch):
         for rank, k, run in _per_rank(tp2_ranks):
             step = run["step"]

@@ -1,5 +1,5 @@
 """MoE under MTP: the MTP loss honours the loss mask with routed experts and a shared expert, on 1 rank and with
-expert parallel 2 under torchrun (allgather and alltoall token dispatchers).
+expert parallel 2 on forked ranks (allgather and alltoall token dispatchers).
 
 Without the aux (load-balancing) loss no gradient may change when masked positions are perturbed. With it on, the
 aux loss averages router probabilities over every token, padding included, on either tree, so its gradient reaches
@@ -46,11 +46,13 @@ def one_rank_cases(one_rank):
 class TestMoeOneRank:
     """4 routed experts (top-2) and a shared expert in every layer, the MTP layer too; 1 rank."""
 
+    @pytest.mark.fail_to_pass
     def test_every_gradient_is_unchanged_without_aux_loss(self, one_rank_cases):
         case = one_rank_cases[0.0]
         changed = changed_grads(case["step"].grads, case["perturbed"].grads)
         assert changed == [], f"{len(changed)} of {len(case['step'].grads)} gradients changed"
 
+    @pytest.mark.fail_to_pass
     def test_gradients_the_aux_loss_cannot_reach_are_unchanged_with_aux_loss(self, one_rank_cases):
         case = one_rank_cases[moe.AUX_LOSS_COEFF]
         outside = [n for n in case["step"].grads if outside_aux_reach(n)]
@@ -58,12 +60,14 @@ class TestMoeOneRank:
         changed = [n for n in changed_grads(case["step"].grads, case["perturbed"].grads) if outside_aux_reach(n)]
         assert changed == [], f"{len(changed)} of {len(outside)} changed: {changed[:4]}"
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("aux", AUX)
     def test_logged_mtp_loss_is_the_masked_cross_entropy(self, one_rank_cases, aux):
         case, batch = one_rank_cases[aux], moe.batch_of_rank(0)
         assert case["step"].mtp_losses[0] == pytest.approx(_masked_ce(case, batch), rel=REL)
         assert case["step"].mtp_losses[0] != pytest.approx(_masked_ce(case, batch, mask_offset=1), rel=100 * REL)
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("aux", AUX)
     def test_logged_mtp_loss_is_unchanged(self, one_rank_cases, aux):
         case = one_rank_cases[aux]
@@ -84,7 +88,7 @@ class TestMoeOneRank:
 
 @pytest.fixture(scope="module")
 def ep2_ranks(tree, tmp_path_factory):
-    """Every dispatcher x aux case on 2 ranks, expert parallel 2, one torchrun job with this session's tree."""
+    """Every dispatcher x aux case on 2 ranks, expert parallel 2, one job of forked ranks with this session's tree."""
     return launch("expert_parallel", tree, 2, tmp_path_factory.mktemp("expert_parallel"))
 
 
@@ -102,18 +106,21 @@ class TestExpertParallel2:
             assert set(rank["cases"]) == set(moe.CASES)
             assert {case["local_experts"] for case in rank["cases"].values()} == {2}  # 4 experts over 2 ranks
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("dispatcher", DISPATCHERS)
     def test_every_gradient_is_unchanged_without_aux_loss(self, ep2_ranks, dispatcher):
         for rank, _, case in _cases(ep2_ranks, dispatcher, 0.0):
             changed = changed_grads(case["step"].grads, case["perturbed"].grads)
             assert changed == [], f"rank {rank}: {len(changed)} of {len(case['step'].grads)} gradients changed"
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("dispatcher", DISPATCHERS)
     def test_gradients_the_aux_loss_cannot_reach_are_unchanged_with_aux_loss(self, ep2_ranks, dispatcher):
         for rank, _, case in _cases(ep2_ranks, dispatcher, moe.AUX_LOSS_COEFF):
             changed = [n for n in changed_grads(case["step"].grads, case["perturbed"].grads) if outside_aux_reach(n)]
             assert changed == [], f"rank {rank}: {changed[:4]}"
 
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("aux", AUX)
     @pytest.mark.parametrize("dispatcher", DISPATCHERS)
     def test_logged_mtp_loss_is_the_masked_cross_entropy_averaged_over_ranks(self, ep2_ranks, dispatcher, aux):

@@ -1,6 +1,6 @@
 """Pipeline parallel 2: the MTP loss honours the loss mask on the last stage, through core's real 1F1B schedule.
 
-One torchrun job (2 ranks, gloo, this session's tree) splits the tiny model into two stages, MTP on the last, each
+One job of 2 forked ranks (, gloo, this session's tree) splits the tiny model into two stages, MTP on the last, each
 loaded with the full model's weights, and steps two answer-only SFT micro-batches with Bridge's forward_step, then a
 copy with masked positions perturbed. The 1-rank reference is the same model, same weights, same micro-batches,
 stepped in this process.
@@ -27,7 +27,7 @@ GRAD_ATOL = 1e-6
 
 @pytest.fixture(scope="module")
 def job(tree, tmp_path_factory):
-    """The torchrun job (2 ranks, this session's tree): started, not awaited."""
+    """The job (2 forked ranks, this session's tree): started, not awaited."""
     return start(Launch("pipeline", tree, 2, tmp_path_factory.mktemp("pipeline")))
 
 
@@ -60,7 +60,7 @@ def _masked_mean_over_micro_batches(step, depth: int, mask_offset: int = 0) -> f
 
 
 class TestPipelineParallel2:
-    """PP=2 under torchrun: what the 1-rank suite checks, on every stage, plus equality with the 1-rank run."""
+    """PP=2 on forked ranks: what the 1-rank suite checks, on every stage, plus equality with the 1-rank run."""
 
     def test_workers_ran_the_tree_under_test_with_mtp_on_the_last_stage(self, stages, gpt_step_file):
         assert [s["gpt_step_file"] for s in stages] == [gpt_step_file] * 2
@@ -78,15 +78,18 @@ class TestPipelineParallel2:
                 assert torch.equal(moved["tokens"][row, :kept], batch["tokens"][row, :kept])
             assert not torch.equal(moved["tokens"], batch["tokens"])
 
+    @pytest.mark.fail_to_pass
     def test_every_gradient_is_unchanged_on_every_stage(self, stages):
         for stage in stages:
             changed = changed_grads(stage["step"].grads, stage["perturbed"].grads)
             assert changed == [], f"stage {stage['stage']}: {len(changed)} of {len(stage['step'].grads)} changed"
 
+    @pytest.mark.fail_to_pass
     def test_logged_losses_are_unchanged(self, last_stage):
         assert last_stage["perturbed"].lm_loss == last_stage["step"].lm_loss
         assert last_stage["perturbed"].mtp_losses == last_stage["step"].mtp_losses
 
+    @pytest.mark.fail_to_pass
     def test_logged_mtp_loss_is_the_masked_cross_entropy(self, last_stage):
         step = last_stage["step"]
         expected = _masked_mean_over_micro_batches(step, depth=1)

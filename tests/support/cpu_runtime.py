@@ -47,7 +47,7 @@ class CudaAsCpu(TorchFunctionMode):
 
 
 def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, expert_parallel: int = 1) -> None:
-    """gloo process group (torchrun's env, else a 1-rank in-memory store) and megatron-core's parallel state."""
+    """gloo process group (the worker's env:// rendezvous, else a 1-rank in-memory store) and megatron-core's parallel state."""
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core import tensor_parallel as core_tp

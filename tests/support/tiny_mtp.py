@@ -7,7 +7,7 @@ driving ``gpt_step.forward_step``. The harness only builds inputs and records wh
 in cpu_runtime.
 
 Which Megatron-Bridge runs is whichever tree comes first on the import path (see mtp_mask_fix.trees); this module
-never imports ``megatron.bridge`` at import time. Multi-rank runs start ``tests.support.worker`` under torchrun.
+never imports ``megatron.bridge`` at import time. Multi-rank runs fork their ranks (``tests.support.worker``).
 """
 
 import hashlib

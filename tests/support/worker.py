@@ -1,7 +1,7 @@
-"""Worker entry for the tiny model: one process, or one of torchrun's ranks.
+"""Workers for the tiny model: MODE on one or several ranks (gloo), each rank forked from a process that imported the
+tree under test once.
 
-    PYTHONPATH=TREE:REPO python -m torch.distributed.run --standalone --nproc-per-node 2 \
-        -m tests.support.worker MODE --out DIR
+    PYTHONPATH=TREE:REPO python -m tests.support.worker MODE --ranks 2 --out DIR
 
 Each rank saves what MODE returns to DIR/rank<r>.pt: raw measurements only; the tests make every assertion.
 TREE (first on the import path) is the Megatron-Bridge under test. ``launch`` / ``launch_all`` run workers and wait;
@@ -9,9 +9,11 @@ TREE (first on the import path) is the Megatron-Bridge under test. ``launch`` / 
 """
 
 import argparse
+import importlib.util
 import os
 import resource
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -28,7 +30,7 @@ from tests.support.reference import mtp_ce_per_position, mtp_mask, mtp_positions
 
 @dataclass(frozen=True)
 class Launch:
-    """One worker run: MODE on `ranks` ranks (torchrun if more than one) with TREE first on the import path."""
+    """One worker run: MODE on `ranks` ranks with TREE first on the import path."""
 
     mode: str
     tree: Path
@@ -36,42 +38,57 @@ class Launch:
     out: Path
     args: tuple[str, ...] = ()
 
-    def command(self) -> list[str]:
-        """The command line; one rank needs no launcher (the worker makes a 1-rank gloo group itself)."""
-        head = [sys.executable]
-        if self.ranks > 1:
-            head += ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(self.ranks)]
-        return head + ["-m", "tests.support.worker", self.mode, "--out", str(self.out), *self.args]
+    def argv(self) -> list[str]:
+        return [self.mode, "--ranks", str(self.ranks), "--out", str(self.out), *self.args]
+
+
+def this_tree() -> Path:
+    """The tree this process imports megatron.bridge from (found without importing it)."""
+    return Path(importlib.util.find_spec("megatron.bridge").origin).parents[2]
 
 
 class Started:
-    """Worker runs under way, all at once (``start``); ``wait()`` for each run's per-rank payloads."""
+    """Worker runs under way, all at once (``start``); ``wait()`` for each run's per-rank payloads.
+
+    A run of the tree this process imports forks its ranks from a forkserver that has imported it once (ranks()); a
+    run of another tree is a process of its own (`python -m tests.support.worker`) that does the same there.
+    """
 
     def __init__(self, runs: list[Launch], timeout: float = 600):
-        self.runs, self.timeout, self._payloads, self._procs = runs, timeout, None, []
+        self.runs, self.timeout, self._payloads, self._handles = runs, timeout, None, []
         for run in runs:
             run.out.mkdir(parents=True, exist_ok=True)
-            log = open(run.out / "worker.log", "w")
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(run.tree), str(REPO)]))
-            proc = subprocess.Popen(
-                run.command(), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            self._procs.append((proc, log))
+            if run.tree.resolve() == this_tree().resolve():
+                self._handles.append(ranks(run.ranks, run.argv()))
+            else:
+                log = open(run.out / "worker.log", "w")
+                env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(run.tree), str(REPO)]))
+                command = [sys.executable, "-m", "tests.support.worker", *run.argv()]
+                proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                self._handles.append((proc, log))
 
     def wait(self) -> list[list[dict]]:
         """Each run's per-rank payloads, once all have finished (raises if any failed)."""
         if self._payloads is None:
             failed = []
-            for run, (proc, log) in zip(self.runs, self._procs):
-                try:
-                    code = proc.wait(timeout=self.timeout)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)  # the run's own session: torchrun and its ranks
-                    code = proc.wait()
-                log.close()
-                if code != 0:
-                    tail = (run.out / "worker.log").read_text(errors="replace")[-4000:]
-                    failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed ({code}):\n{tail}")
+            for run, handle in zip(self.runs, self._handles):
+                if isinstance(handle, tuple):
+                    proc, log = handle
+                    try:
+                        code = proc.wait(timeout=self.timeout)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(proc.pid, signal.SIGKILL)  # the run's own session: the process and its ranks
+                        code = proc.wait()
+                    log.close()
+                    if code != 0:
+                        tail = (run.out / "worker.log").read_text(errors="replace")[-4000:]
+                        failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed ({code}):\n{tail}")
+                else:
+                    try:
+                        while not handle.join(self.timeout):
+                            pass
+                    except Exception as exc:  # torch's ProcessRaisedException/ProcessExitedException: the rank's own
+                        failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed: {exc}")
             if failed:
                 raise RuntimeError("\n\n".join(failed))
             self._payloads = [
@@ -82,7 +99,7 @@ class Started:
 
 
 def start(*runs: Launch) -> Started:
-    """Start every run now (each its own process, or torchrun's), without waiting."""
+    """Start every run now, without waiting."""
     return Started(list(runs))
 
 
@@ -94,6 +111,26 @@ def launch_all(runs: list[Launch]) -> list[list[dict]]:
 def launch(mode: str, tree: Path, ranks: int, out: Path, *args: str) -> list[dict]:
     """Run MODE on `ranks` ranks with TREE first on the import path; returns each rank's payload."""
     return launch_all([Launch(mode, Path(tree), ranks, Path(out), args)])[0]
+
+
+def ranks(world: int, argv: list[str]):
+    """Fork `world` ranks of `argv` from a forkserver that imported Megatron-Bridge once (its import path is this
+    process's), with a gloo rendezvous on a free loopback port: megatron is imported once per tree, not once per
+    rank. Returns torch's ProcessContext: join() raises with a failed rank's traceback."""
+    import torch.multiprocessing as mp
+
+    mp.set_forkserver_preload(["tests.support.worker", "megatron.bridge.training.gpt_step"])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return mp.start_processes(_rank, (world, port, argv), nprocs=world, join=False, start_method="forkserver")
+
+
+def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    run_rank(argv)
 
 
 # ---------------------------------------------------------------- modes (each returns this rank's raw data)
@@ -181,14 +218,19 @@ MODES = {
 }
 
 
-def main(argv: list[str] | None = None) -> None:
-    """One rank: MODE (which sets up its own parallel layout), then its payload saved to --out."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=MODES)
+    parser.add_argument("--ranks", type=int, default=1, help="world size")
     parser.add_argument("--out", type=Path, required=True, help="directory for rank<r>.pt")
     parser.add_argument("--steps", type=int, default=30, help="timed steps (bench)")
     parser.add_argument("--size", default="small", help="the plan (effect)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_rank(argv: list[str]) -> None:
+    """One rank: MODE (which sets up its own parallel layout), then its payload saved to --out."""
+    args = _parser().parse_args(argv)
     started = time.perf_counter()
     torch.set_num_threads(1)  # two threads were several times slower than one on this 2-core machine
     import megatron.bridge.training.gpt_step as gpt_step
@@ -200,13 +242,21 @@ def main(argv: list[str] | None = None) -> None:
         rank=rank,
         world_size=_world(),
         gpt_step_file=gpt_step.__file__,
-        import_seconds=imported - started,  # megatron.core and megatron.bridge (torch came before)
+        import_seconds=imported - started,  # what was not imported yet (nothing, when forked from a warm process)
         seconds=time.perf_counter() - started,
         peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # Linux reports KiB
     )
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(payload, args.out / f"rank{rank}.pt")
     cpu_runtime.shutdown_distributed()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """A run of another tree than the caller's: this process has that tree first on its import path."""
+    argv = sys.argv[1:] if argv is None else argv
+    context = ranks(_parser().parse_args(argv).ranks, argv)
+    while not context.join():
+        pass
 
 
 if __name__ == "__main__":

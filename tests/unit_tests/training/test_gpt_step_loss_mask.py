@@ -156,6 +156,7 @@ def config(monkeypatch):
 
 
 class TestModelWithMtpReceivesLossMask:
+    @pytest.mark.fail_to_pass
     @pytest.mark.parametrize("packed", [False, True], ids=["dense", "packed"])
     @pytest.mark.parametrize("forward_step", FORWARD_STEPS)
     def test_model_receives_batch_loss_mask(self, config, forward_step, packed):
@@ -166,6 +167,7 @@ class TestModelWithMtpReceivesLossMask:
         assert "loss_mask" in model.forward_kwargs
         assert torch.equal(model.forward_kwargs["loss_mask"], _expected_mask(packed=packed))
 
+    @pytest.mark.fail_to_pass
     def test_model_in_eval_mode_receives_batch_loss_mask(self, config):
         """Validation logs the MTP loss too: no grad, model.training False."""
         model = _RecordingModel(training=False)
