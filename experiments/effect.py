@@ -43,7 +43,7 @@ import statistics
 from pathlib import Path
 
 from experiments.synthetic import ROLES
-from mtp_mask_fix.patch import VIEW, WORK
+from mtp_mask_fix.paths import VIEW, WORK
 from mtp_mask_fix.targets import pins, release
 from tests.support.reference import loss_mass_on_masked
 from tests.support.worker import Launch, launch_all

@@ -7,7 +7,9 @@ from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.patch import FIXED_FILE, Patch, apply_diff, first_error_line, git
+from mtp_mask_fix.git import apply_diff, first_error_line, git
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import FIXED_FILE
 from mtp_mask_fix.targets import Kind, Target
 from mtp_mask_fix.verify import verify
 

@@ -1,7 +1,5 @@
 """mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
 
-Exit codes: 0 ok (check: the patch applies, the bug is present) · 2 bad input · 3 already applied or an
-equivalent fix (retire the patch) · 4 drifted · 5 a gate, a red/green run or a behaviour check failed.
 Each cmd_* returns what it prints and its exit code.
 """
 
@@ -13,8 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from mtp_mask_fix import check, gate, pr, refresh, targets, trees, verify
-from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.patch import WORK, Patch
+from mtp_mask_fix.errors import Exit, ToolError, exit_help
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import WORK
 
 
 TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
@@ -90,7 +89,12 @@ def cmd_view(args) -> tuple[str, Exit]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="mtp-mask-fix", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="mtp-mask-fix",
+        description=__doc__.split("\n\n")[0],
+        epilog=exit_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

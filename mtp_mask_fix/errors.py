@@ -1,4 +1,5 @@
-"""One error type for every refusal, and the exit codes every command shares."""
+"""One error type for every refusal, and the exit codes every command shares: the one place they are stated (`--help`
+and README's table are generated from `Exit`; a test compares README with it)."""
 
 from enum import IntEnum
 
@@ -6,11 +7,44 @@ from enum import IntEnum
 class Exit(IntEnum):
     """Exit codes: the same number means the same thing for every command."""
 
-    OK = 0  # check: the patch applies (the bug is present); every other command: done
-    USAGE = 2  # bad input: missing path, not Megatron-Bridge, unknown release, corrupted patch, ...
-    ALREADY_APPLIED = 3  # the target holds the fix (this patch or an equivalent one): retire the patch there
-    DRIFTED = 4  # the patch no longer applies (or local changes sit in its region)
-    FAILED = 5  # a gate, a red/green run or a behaviour check failed
+    def __new__(cls, code: int, meaning: str):
+        member = int.__new__(cls, code)
+        member._value_ = code
+        member.meaning = meaning
+        return member
+
+    OK = 0, "done; `check`: the patch applies (the bug is present); `apply`: applied, or already fixed"
+    USAGE = (
+        2,
+        (
+            "bad input or environment, refused before any work: missing, unreadable, read-only or not Megatron-Bridge, "
+            "uncommitted changes in a checkout, an invalid branch name, an unknown release"
+        ),
+    )
+    ALREADY_APPLIED = 3, "`check`, `gate`: the target already holds the fix (this patch or an equivalent): retire it"
+    DRIFTED = 4, "the patch no longer applies: upstream's text changed"
+    FAILED = 5, "a check failed or tested nothing: red/green, a behaviour probe, a gate row, a missing figure"
+    INTERRUPTED = (
+        128,
+        "128 + n: interrupted by signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); the target is as before",
+    )
+
+    @staticmethod
+    def interrupted(signum: int) -> int:
+        return Exit.INTERRUPTED + signum
+
+
+def exit_table() -> str:
+    """README's exit-code table (markdown), from `Exit`."""
+    rows = [f"| {'128+n' if code is Exit.INTERRUPTED else int(code)} | {code.meaning} |" for code in Exit]
+    return "\n".join(["| exit | meaning |", "| --- | --- |", *rows])
+
+
+def exit_help() -> str:
+    """The exit codes for `--help`, from `Exit`."""
+    return "exit codes:\n" + "\n".join(
+        f"  {'128+n' if code is Exit.INTERRUPTED else int(code):>5}  {code.meaning}" for code in Exit
+    )
 
 
 class ToolError(Exception):

@@ -20,7 +20,9 @@ from pathlib import Path
 
 from mtp_mask_fix.check import State, check
 from mtp_mask_fix.errors import Exit
-from mtp_mask_fix.patch import WORK, Patch, git
+from mtp_mask_fix.git import git
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import WORK
 from mtp_mask_fix.redgreen import Job, Outcome, Run, problems, run_many
 from mtp_mask_fix.targets import Kind, Target
 from mtp_mask_fix.trees import materialise
@@ -60,9 +62,14 @@ def release_row(target: Target, patch: Patch) -> Row:
     """The release as shipped (base), with the source hunks (patched), and with each source hunk left out."""
     row = Row(target)
     work = WORK / "gate" / target.root.name
-    diffs = ["", patch.part(src=True)] + [patch.part(src=True, leave_out=h) for h in patch.source_hunks()]
-    trees = [materialise(target.root, work / str(i), diff) if diff else target.root for i, diff in enumerate(diffs)]
-    row.base, row.patched, *row.without = [Job(("tests/unit_tests",), tree) for tree in trees]
+    patched = [materialise(target.root, work / "patched", patch, src=True)]
+    without = [  # a patch with one source hunk left out is the release itself when it had only that one
+        materialise(target.root, work / f"without-{i}", patch, src=True, leave_out=hunk)
+        if patch.part(src=True, leave_out=hunk)
+        else target.root
+        for i, hunk in enumerate(patch.source_hunks(), 1)
+    ]
+    row.base, row.patched, *row.without = [Job(("tests/unit_tests",), t) for t in [target.root, *patched, *without]]
     return row
 
 
@@ -78,19 +85,22 @@ def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
     upstream.mkdir(parents=True)
     present = set(git("ls-tree", "--name-only", rev, cwd=target.root).stdout.split())
     paths = [path for path in ("src", "tests", "pyproject.toml", "ruff.toml") if path in present]
-    archive = subprocess.run(["git", "-C", str(target.root), "archive", rev, *paths], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(upstream)], input=archive.stdout, check=True)
-    diffs = [patch.part(src=False), patch.part()] + [patch.part(leave_out=h) for h in patch.source_hunks()]
+    git("archive", "-o", str(work / "upstream.tar"), rev, *paths, cwd=target.root)
+    shutil.unpack_archive(work / "upstream.tar", upstream)
     args = ("-o", "addopts=", "--strict-markers", *row.upstream_files)
-    jobs = []
-    for diff in diffs:
-        tree = work / str(diffs.index(diff))  # a leave-one-out diff equal to the base's is the base tree
-        if diffs.index(diff) == len(jobs):
-            materialise(upstream, tree, diff, strip=1)
-        jobs.append(Job(args, tree / "src", cwd=tree))
-    row.base, row.patched, *row.without = jobs
-    row.touched = touched_tests(row.upstream_files, upstream, work / "1")
-    row.notes = lint(work / "1", [f.path for f in patch.files])
+    trees = [
+        materialise(upstream, work / "base", patch, src=False, strip=1),  # upstream's test part only
+        materialise(upstream, work / "patched", patch, strip=1),
+    ]
+    trees += [  # a leave-one-out tree equal to the base (the only source hunk left out) is the base tree
+        materialise(upstream, work / f"without-{i}", patch, leave_out=hunk, strip=1)
+        if patch.part(leave_out=hunk) != patch.part(src=False)
+        else trees[0]
+        for i, hunk in enumerate(patch.source_hunks(), 1)
+    ]
+    row.base, row.patched, *row.without = [Job(args, tree / "src", cwd=tree) for tree in trees]
+    row.touched = touched_tests(row.upstream_files, upstream, work / "patched")
+    row.notes = lint(work / "patched", patch.paths())
     return row
 
 
@@ -134,7 +144,9 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     if base.collection_errors():
         row.verdict, row.notes = Verdict.OTHER_ENVIRONMENT, base.collection_errors()[:1]
         return
-    if row.upstream_files:  # upstream's own tests: those the patch adds or changes and that fail on the base by assertion
+    if (
+        row.upstream_files
+    ):  # upstream's own tests: those the patch adds or changes and that fail on the base by assertion
         upstream = [n for n in patched.outcomes if n.split("::")[0] in row.upstream_files]
         fail_to_pass = [n for n in upstream if n.split("[")[0] in row.touched and base.of(n) == Outcome.ASSERTION]
         pass_to_pass = [n for n in upstream if n not in fail_to_pass]
@@ -182,9 +194,7 @@ def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> t
             standing = Verdict.RETIRE if verdict.state.code == Exit.ALREADY_APPLIED else Verdict.DRIFTED
             rows.append(Row(target, verdict=standing, notes=[str(verdict)]))
         else:
-            rows.append(
-                checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch)
-            )
+            rows.append(checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch))
     if sessions(rows):
         print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
         evaluate(rows, python)

@@ -1,9 +1,7 @@
-"""The carried patch: patches/series, one git format-patch mailbox read by `git mailinfo`, and `git apply`."""
+"""The carried patch: patches/series, one git format-patch mailbox read by `git mailinfo` and unidiff (the one reading
+of its diff)."""
 
-import os
 import re
-import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,22 +10,11 @@ from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
 from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.git import git
+from mtp_mask_fix.paths import PATCHES
 
 
-REPO = Path(__file__).resolve().parents[1]
-PATCHES = REPO / "patches"
-WORK = REPO / ".work"
-VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
-FIXED_FILE = "src/megatron/bridge/training/gpt_step.py"
 DIFFSTAT = re.compile(r"^ (\d+) files? changed(?:, (\d+) insertions?\(\+\))?(?:, (\d+) deletions?\(-\))?$", re.M)
-
-
-def git(*args: str, cwd: Path | str | None = None, check: bool = True, env: dict | None = None, **kw):
-    """Run the git CLI (the reference behaviour reviewers use); a missing git is a clear error."""
-    if shutil.which("git") is None:
-        raise ToolError("git is not on PATH; install git (it is what applies and checks the patch)")
-    full_env = dict(os.environ, **(env or {}))
-    return subprocess.run(["git", *args], cwd=cwd, check=check, capture_output=True, text=True, env=full_env, **kw)
 
 
 def series() -> list[Path]:
@@ -110,29 +97,13 @@ class Patch:
                 out.append(header + "\n" + "".join(str(h) for h in kept))
         return "".join(text if text.endswith("\n") else text + "\n" for text in out)
 
+    def paths(self, *, src: bool | None = None) -> list[str]:
+        """The files the patch changes (src: True sources, False tests, None all), as upstream checkouts name them."""
+        return [f.path for f in self.files if src is None or f.path.startswith("src/") == src]
+
     def source_hunks(self) -> list[tuple[str, int]]:
         return [(f.path, i) for f in self.files if f.path.startswith("src/") for i in range(len(f))]
 
     def test_files(self) -> list[str]:
         """Upstream's test files the patch changes (releases ship none of them)."""
         return [f.path for f in self.files if f.path.startswith("tests/")]
-
-
-def apply_diff(
-    diff: str, root: Path, *, strip: int = 1, reverse=False, check=False, cached=False, env: dict | None = None
-) -> str:
-    """`git apply` (all or nothing) to the files under root, or `cached` to the index `env` names; git's error or "".
-
-    GIT_CEILING_DIRECTORIES keeps git from treating root as part of an enclosing repository (it would then resolve
-    paths from that repository's top and skip ours); a cached apply needs the repository."""
-    flags = {"-R": reverse, "--check": check, "--cached": cached}
-    args = ["apply", f"-p{strip}", "--whitespace=nowarn", *[flag for flag, on in flags.items() if on]]
-    env = dict(env or {}, **({} if cached else {"GIT_CEILING_DIRECTORIES": str(Path(root).resolve().parent)}))
-    result = git(*args, "-", cwd=root, check=False, input=diff, env=env)
-    return "" if result.returncode == 0 else (result.stderr.strip() or result.stdout.strip() or "git apply failed")
-
-
-def first_error_line(git_stderr: str) -> str:
-    """git's most telling line, e.g. `error: patch failed: src/.../gpt_step.py:571`."""
-    lines = [line for line in git_stderr.splitlines() if line.startswith("error:")]
-    return "; ".join(lines[:2]) if lines else (git_stderr.strip().splitlines() or ["git gave no reason"])[0]

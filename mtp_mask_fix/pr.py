@@ -14,7 +14,8 @@ from string import Template
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.gate import SUMMARY
-from mtp_mask_fix.patch import FIXED_FILE, WORK, Patch
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import FIXED_FILE, WORK
 from mtp_mask_fix.targets import pins, release
 
 

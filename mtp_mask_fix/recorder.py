@@ -8,15 +8,13 @@ import sys
 
 import pytest
 
+from mtp_mask_fix.paths import GPT_STEP_MODULE
 from mtp_mask_fix.redgreen import Outcome
-
-
-GPT_STEP = "megatron.bridge.training.gpt_step"
 
 
 def _record(nodeid: str, outcome: Outcome, fail_to_pass: bool = False) -> None:
     with open(os.environ["MTP_FIX_OUTCOMES"], "a") as handle:
-        module = sys.modules.get(GPT_STEP)
+        module = sys.modules.get(GPT_STEP_MODULE)
         entry = {"nodeid": nodeid, "outcome": outcome.value, "gpt_step": getattr(module, "__file__", None)}
         handle.write(json.dumps(entry | {"fail_to_pass": fail_to_pass}) + "\n")
 

@@ -18,7 +18,7 @@ from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.patch import REPO
+from mtp_mask_fix.paths import REPO, is_gpt_step_of
 
 
 class Outcome(Enum):
@@ -89,9 +89,7 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
             )
         runs = [_read(out) for out in outs]
     for job, run in zip(jobs, runs):
-        stray = {
-            f for f in run.gpt_step_files if not Path(os.path.abspath(f)).is_relative_to(os.path.abspath(job.tree))
-        }
+        stray = {f for f in run.gpt_step_files if not is_gpt_step_of(f, job.tree)}
         if stray:  # the one guarantee every red/green verdict rests on
             raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
     return runs

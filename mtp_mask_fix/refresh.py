@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
-from mtp_mask_fix.patch import Patch, git
+from mtp_mask_fix.git import git
+from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Target
 
 

@@ -11,10 +11,10 @@ from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.patch import FIXED_FILE, REPO, WORK, git
+from mtp_mask_fix.git import git
+from mtp_mask_fix.paths import FIXED_FILE, PACKAGE, REPO, WORK
 
 
-PACKAGE = "megatron/bridge"
 VERSION = re.compile(r"^\d+(\.\d+)+\S*$")
 
 

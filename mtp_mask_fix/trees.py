@@ -10,16 +10,29 @@ import shutil
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.patch import VIEW, Patch, apply_diff, first_error_line
-from mtp_mask_fix.targets import PACKAGE, pins, release
+from mtp_mask_fix.git import apply_diff, first_error_line
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import PACKAGE, VIEW
+from mtp_mask_fix.targets import pins, release
 
 
-def materialise(base: Path, dest: Path, diff: str = "", *, strip: int = 2, rewrite: dict[str, str] | None = None):
-    """dest = base (the directory holding megatron/bridge) + diff (git apply -p`strip`) + `rewrite` (path: text)."""
+def materialise(
+    base: Path,
+    dest: Path,
+    patch: Patch | None = None,
+    *,
+    src: bool | None = None,
+    leave_out: tuple[str, int] | None = None,
+    strip: int = 2,
+    rewrite: dict[str, str] | None = None,
+) -> Path:
+    """dest = base (the directory holding megatron/bridge) + the patch's part (`Patch.part`: src True sources, False
+    tests, None all, less `leave_out`), applied with git apply -p`strip`, + `rewrite` (path: text)."""
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(base, dest, copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
-    touched = [line.split(" b/", 1)[1] for line in diff.splitlines() if line.startswith("diff --git ")]
+    diff = patch.part(src=src, leave_out=leave_out) if patch else ""
+    touched = patch.paths(src=src) if diff else []
     for path in [p.split("/", strip - 1)[-1] for p in touched] + list(rewrite or {}):
         real = dest / path
         if real.is_symlink():
@@ -35,5 +48,5 @@ def materialise(base: Path, dest: Path, diff: str = "", *, strip: int = 2, rewri
 def write_view(patch: Patch | None = None) -> str:
     """src/ = the pinned release + the patch's source hunks; returns a one-line summary."""
     pinned = release(pins()["megatron-bridge"])
-    materialise(pinned.root, VIEW, (patch or Patch.load()).part(src=True))
+    materialise(pinned.root, VIEW, patch or Patch.load(), src=True)
     return f"view: src/{PACKAGE} = {pinned.label} + patch (unpatched: {pinned.root.relative_to(VIEW.parent)})"

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from mtp_mask_fix import probe
 from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.paths import is_gpt_step_of
 from mtp_mask_fix.targets import Target
 
 
@@ -36,7 +37,7 @@ def verify(target: Target, python: str) -> Found:
         why = f"the probe could not run {target.label} under {python} ({tail}); pass --python an interpreter"
         return Found(False, f"{why} that imports this Megatron-Bridge (its megatron-core)")
     found = json.loads(lines[-1])
-    if not Path(os.path.abspath(found["file"])).is_relative_to(os.path.abspath(target.import_root)):
+    if not is_gpt_step_of(found["file"], target.import_root):
         return Found(False, f"{python} imported gpt_step from {found['file']}, not from {target.label}")
     return Found(found["delivered"], found["reason"])
 

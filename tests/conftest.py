@@ -4,7 +4,7 @@ twice. The red/green and wrong-fix checks run last, after the tests whose outcom
 
 import os
 
-from mtp_mask_fix.patch import WORK
+from mtp_mask_fix.paths import WORK
 
 
 pytest_plugins = ["mtp_mask_fix.recorder"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.patch import REPO, VIEW
+from mtp_mask_fix.paths import REPO, VIEW, is_gpt_step_of
 from mtp_mask_fix.redgreen import Job, Outcome, Run, problems, run_many
 from mtp_mask_fix.targets import pins, release
 
@@ -46,9 +46,7 @@ def runs(base_tree):
     jobs = [Job(tuple(SUITES.values()), base_tree)] + [Job((SUITES[suite],), VIEW) for suite in missing]
     base, *views = run_many(jobs)
     patched |= dict(zip(missing, views))
-    return {
-        suite: {"base": base, "patched": patched[suite], "ids": list(patched[suite].outcomes)} for suite in SUITES
-    }
+    return {suite: {"base": base, "patched": patched[suite], "ids": list(patched[suite].outcomes)} for suite in SUITES}
 
 
 def _report(side_runs, nodeids, title, base_tree) -> str:
@@ -83,5 +81,5 @@ class TestRedGreen:
     @pytest.mark.parametrize("suite", SUITES)
     def test_each_side_ran_its_own_tree(self, runs, suite, base_tree):
         for side, tree in (("base", base_tree), ("patched", VIEW)):
-            files = {f.removeprefix(str(tree)) for f in runs[suite][side].gpt_step_files}
-            assert files == {"/megatron/bridge/training/gpt_step.py"}, f"{side} imported {files}"
+            files = runs[suite][side].gpt_step_files
+            assert files and all(is_gpt_step_of(f, tree) for f in files), f"{side} imported {files}"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.patch import REPO
+from mtp_mask_fix.paths import REPO
 
 
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))

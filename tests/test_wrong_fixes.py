@@ -7,12 +7,11 @@ path; all sessions are forked from one warm process.
 
 import pytest
 
-from mtp_mask_fix.patch import VIEW, WORK
+from mtp_mask_fix.paths import GPT_STEP, VIEW, WORK
 from mtp_mask_fix.redgreen import Job, Outcome, run_many
 from mtp_mask_fix.trees import materialise
 
 
-GPT_STEP = "megatron/bridge/training/gpt_step.py"
 GATE = "    if use_mtp:\n"
 FIX = 'forward_args["loss_mask"] = loss_mask\n'
 BLOCK = GATE + "        # MCore's MTP loss falls back to an all-ones mask without it (#6103).\n        " + FIX

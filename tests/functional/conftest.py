@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mtp_mask_fix.paths import GPT_STEP
 from tests.support import cpu_runtime
 
 
@@ -20,7 +21,7 @@ def tree() -> Path:
 @pytest.fixture(scope="session")
 def gpt_step_file(tree) -> str:
     """The gpt_step.py this session (and a worker given `tree`) imports."""
-    return str(tree / "megatron" / "bridge" / "training" / "gpt_step.py")
+    return str(tree / GPT_STEP)
 
 
 @pytest.fixture(scope="module")

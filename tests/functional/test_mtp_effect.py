@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from experiments import effect
-from mtp_mask_fix.patch import VIEW
+from mtp_mask_fix.paths import VIEW, is_gpt_step_of
 from mtp_mask_fix.targets import pins, release
 
 
@@ -43,7 +43,7 @@ class TestEffectSmall:
     def test_each_arm_ran_its_own_tree(self, figures):
         trees = {"unpatched": release(pins()["megatron-bridge"]).root, "patched": VIEW}
         for arm, tree in trees.items():
-            assert Path(figures["arms"][arm]["gpt_step_file"]).is_relative_to(tree), arm
+            assert is_gpt_step_of(figures["arms"][arm]["gpt_step_file"], tree), arm
 
     def test_both_arms_start_from_the_same_pretrained_weights(self, figures):
         arms = figures["arms"]

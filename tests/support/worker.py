@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from mtp_mask_fix.patch import REPO
+from mtp_mask_fix.paths import GPT_STEP_MODULE, REPO
 from tests.support import cpu_runtime, tiny_mtp
 from tests.support.reference import mtp_ce_per_position, mtp_mask, mtp_positions, perturb_masked_positions
 
@@ -119,7 +119,7 @@ def ranks(world: int, argv: list[str]):
     rank. Returns torch's ProcessContext: join() raises with a failed rank's traceback."""
     import torch.multiprocessing as mp
 
-    mp.set_forkserver_preload(["tests.support.worker", "megatron.bridge.training.gpt_step"])
+    mp.set_forkserver_preload(["tests.support.worker", GPT_STEP_MODULE])
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.patch import FIXED_FILE as FIXED
-from mtp_mask_fix.patch import REPO, Patch
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import FIXED_FILE as FIXED
+from mtp_mask_fix.paths import REPO, UPSTREAM_TEST
 from mtp_mask_fix.targets import pins
 from mtp_mask_fix.targets import release as release_target
 
 
 PINNED = pins()["megatron-bridge"]
-UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"
 UPSTREAM_AUTHOR = ("Upstream Dev", "upstream@example.org")
 SUBMITTER = ("Ada Submitter", "ada@example.org")
 
@@ -70,7 +70,7 @@ def patched_gpt_step(patch, release, tmp_path_factory) -> str:
     """The release's gpt_step.py with the patch applied (built aside: the view src/ is never rewritten here)."""
     from mtp_mask_fix.trees import materialise
 
-    tree = materialise(release.root, tmp_path_factory.mktemp("patched") / "tree", patch.part(src=True))
+    tree = materialise(release.root, tmp_path_factory.mktemp("patched") / "tree", patch, src=True)
     return (tree / FIXED.removeprefix("src/")).read_text()
 
 

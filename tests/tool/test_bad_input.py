@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from mtp_mask_fix.patch import PATCHES, WORK
+from mtp_mask_fix.paths import PATCHES, WORK
 
 from .conftest import PINNED, UPSTREAM_TEST
 

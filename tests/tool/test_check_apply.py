@@ -90,10 +90,6 @@ class TestCheckStates:
         line = verdict(cli("check"), 0)
         assert line.startswith(f"megatron-bridge=={PINNED} (PyPI): the patch applies")
 
-    def test_latest_names_the_newest_release(self, cli):
-        line = verdict(cli("check", "latest"), 0)
-        assert re.match(r"megatron-bridge==\d+\.\d+\.\d+ \(PyPI, latest\): the patch (applies|already)", line)
-
 
 class TestEntryPoints:
     """`mtp-mask-fix` (console script) and `python -m mtp_mask_fix` are the same tool."""
@@ -114,8 +110,8 @@ class TestEntryPoints:
     def test_help(self, cli):
         result = cli("--help")
         assert result.returncode == 0
-        for command in ("check", "apply", "verify", "gate", "refresh", "pr", "repro", "status", "view"):
-            assert command in result.stdout
+        listed = re.findall(r"^    (\w+)\s+\S", result.stdout, re.M)  # argparse's one line per command
+        assert listed == ["check", "apply", "verify", "gate", "refresh", "pr", "status", "view"]
 
 
 class TestNestedTree:

@@ -1,5 +1,6 @@
 """gate: the verdict per target, and an exit code a CI job can act on."""
 
+
 class TestGate:
     def test_a_release_other_than_the_pin(self, cli):
         """The whole red/green run on the 0.6.0 wheel: every FAIL_TO_PASS red by assertion, everything green."""

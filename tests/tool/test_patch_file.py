@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.patch import PATCHES, REPO, VIEW, Patch, apply_diff, series
+from mtp_mask_fix.git import apply_diff
+from mtp_mask_fix.patch import Patch, series
+from mtp_mask_fix.paths import PATCHES, REPO, VIEW
 
 from .conftest import FIXED, UPSTREAM_TEST
 

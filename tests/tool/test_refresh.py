@@ -6,7 +6,8 @@ import re
 import pytest
 
 from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.patch import PATCHES, Patch
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.refresh import build
 from mtp_mask_fix.targets import checkout as checkout_target
 

@@ -1,0 +1,36 @@
+"""The git CLI, the reference behaviour reviewers use: the one way the tool runs git, and `git apply`."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from mtp_mask_fix.errors import ToolError
+
+
+def git(*args: str, cwd: Path | str | None = None, check: bool = True, env: dict | None = None, **kw):
+    """Run the git CLI (the reference behaviour reviewers use); a missing git is a clear error."""
+    if shutil.which("git") is None:
+        raise ToolError("git is not on PATH; install git (it is what applies and checks the patch)")
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run(["git", *args], cwd=cwd, check=check, capture_output=True, text=True, env=full_env, **kw)
+
+
+def apply_diff(
+    diff: str, root: Path, *, strip: int = 1, reverse=False, check=False, cached=False, env: dict | None = None
+) -> str:
+    """`git apply` (all or nothing) to the files under root, or `cached` to the index `env` names; git's error or "".
+
+    GIT_CEILING_DIRECTORIES keeps git from treating root as part of an enclosing repository (it would then resolve
+    paths from that repository's top and skip ours); a cached apply needs the repository."""
+    flags = {"-R": reverse, "--check": check, "--cached": cached}
+    args = ["apply", f"-p{strip}", "--whitespace=nowarn", *[flag for flag, on in flags.items() if on]]
+    env = dict(env or {}, **({} if cached else {"GIT_CEILING_DIRECTORIES": str(Path(root).resolve().parent)}))
+    result = git(*args, "-", cwd=root, check=False, input=diff, env=env)
+    return "" if result.returncode == 0 else (result.stderr.strip() or result.stdout.strip() or "git apply failed")
+
+
+def first_error_line(git_stderr: str) -> str:
+    """git's most telling line, e.g. `error: patch failed: src/.../gpt_step.py:571`."""
+    lines = [line for line in git_stderr.splitlines() if line.startswith("error:")]
+    return "; ".join(lines[:2]) if lines else (git_stderr.strip().splitlines() or ["git gave no reason"])[0]

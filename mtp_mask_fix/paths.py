@@ -1,0 +1,24 @@
+"""Every path and name the tool and its tests share, stated once."""
+
+import os
+from pathlib import Path
+
+
+REPO = Path(__file__).resolve().parents[1]  # this repo's checkout (the clone-only verbs: view, gate, refresh, pr)
+PATCHES = REPO / "patches"
+WORK = REPO / ".work"  # downloads and outputs, git-ignored
+VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
+PINS = REPO / "requirements" / "megatron.txt"  # the pinned release and this environment's megatron-core
+
+PACKAGE = "megatron/bridge"
+GPT_STEP = f"{PACKAGE}/training/gpt_step.py"  # the one upstream source file the patch changes, in a package tree
+GPT_STEP_MODULE = "megatron.bridge.training.gpt_step"
+FIXED_FILE = f"src/{GPT_STEP}"  # the same file in an upstream checkout
+UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"  # upstream's test file the patch extends
+
+
+def is_gpt_step_of(file: str | Path, tree: str | Path) -> bool:
+    """Whether `file` (a gpt_step.py a process imported) is the one of `tree` (a directory holding megatron/bridge):
+    the check every red/green verdict rests on. By absolute path, not resolved: a tree's other files may be
+    symlinks into its base, its gpt_step.py never."""
+    return os.path.abspath(file) == os.path.abspath(Path(tree) / GPT_STEP)
