@@ -11,6 +11,7 @@ import torch
 
 from tests.support import tiny_mtp
 from tests.support.reference import (
+    REL,
     changed_grads,
     mtp_ce_per_position,
     mtp_mask,
@@ -22,7 +23,6 @@ from tests.support.worker import Launch, start
 
 
 MTP_DEPTHS = [(1, 1), (2, 1), (2, 2)]  # (mtp_num_layers, depth)
-REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits
 
 
 @pytest.fixture(scope="module")

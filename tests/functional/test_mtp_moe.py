@@ -10,11 +10,10 @@ losses, and the gradients the aux loss cannot reach).
 import pytest
 
 from tests.support import moe
-from tests.support.reference import changed_grads, mtp_ce_per_position, mtp_mask, reference_mtp_loss
+from tests.support.reference import REL, changed_grads, reference_mtp_loss
 from tests.support.worker import launch
 
 
-REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits
 AUX = [pytest.param(0.0, id="aux_off"), pytest.param(moe.AUX_LOSS_COEFF, id="aux_on")]
 DISPATCHERS = ["allgather", "alltoall"]
 
@@ -33,8 +32,7 @@ def _masked_ce(case: dict, batch: dict, mask_offset: int = 0) -> float:
 
 
 def _lm_ce(case: dict, batch: dict) -> float:
-    mask = mtp_mask(batch["loss_mask"], 0)
-    return float((mtp_ce_per_position(case["step"].lm_logits, batch["labels"], 0) * mask).sum() / mask.sum())
+    return reference_mtp_loss(case["step"].lm_logits, batch["labels"], batch["loss_mask"], 0)
 
 
 @pytest.fixture(scope="module")

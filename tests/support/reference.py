@@ -29,13 +29,24 @@ def mtp_mask(loss_mask: torch.Tensor, depth: int, mask_offset: int = 0) -> torch
     return out
 
 
+REL = 1e-5  # fp32: core's vocab-parallel CE vs torch's cross_entropy on the same logits
+
+
+def masked_ce(
+    logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor, depth: int, mask_offset: int = 0
+) -> tuple[float, float]:
+    """(sum of the CE of depth ``depth`` (0: the LM head) over the positions the mask counts, their number)."""
+    ce = mtp_ce_per_position(logits, labels, depth)
+    mask = mtp_mask(loss_mask, depth, mask_offset)
+    return float((ce * mask).sum()), float(mask.sum())
+
+
 def reference_mtp_loss(
     logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor, depth: int, mask_offset: int = 0
 ) -> float:
     """Masked mean CE of depth ``depth``; ``mask_offset=1`` is the value a once-more-shifted mask would give."""
-    ce = mtp_ce_per_position(logits, labels, depth)
-    mask = mtp_mask(loss_mask, depth, mask_offset)
-    return ((ce * mask).sum() / mask.sum()).item()
+    total, count = masked_ce(logits, labels, loss_mask, depth, mask_offset)
+    return total / count
 
 
 def top1_hits(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor, depth: int) -> tuple[int, int]:
