@@ -91,7 +91,8 @@ def probe() -> dict:
     elif "loss_mask" not in seen:
         reason = "the model received no loss_mask with MTP on: the MTP loss falls back to an all-ones mask (#6103)"
     else:
-        reason = f"the model received loss_mask={given!r}, not the batch's mask {mask!r}"
+        shown = given.tolist() if isinstance(given, torch.Tensor) else given  # one line, whatever its shape
+        reason = f"the model received loss_mask={shown!r}, not the batch's mask {mask.tolist()}"
     return {"file": gpt_step.__file__, "delivered": delivered, "reason": reason}
 
 
