@@ -32,7 +32,7 @@ class Verdict(Enum):
     """A target's line in the table, and the exit code it asks for."""
 
     PASS = ("PASS", Exit.OK)  # needed, applies, red on the base by assertion, green patched, every hunk needed
-    OTHER_ENVIRONMENT = ("applies; its tests need another environment", Exit.OK)
+    OTHER_ENVIRONMENT = ("applies; its tests need another environment: nothing was tested", Exit.FAILED)
     RETIRE = ("upstream has the fix: retire the patch", Exit.ALREADY_APPLIED)
     DRIFTED = ("DRIFTED", Exit.DRIFTED)
     FAIL = ("FAIL", Exit.FAILED)
