@@ -1,32 +1,49 @@
-"""The regression gate (tests/unit_tests) must be tight and fair: every plausible wrong fix turns at least one of its
-tests red, and every correct fix written another way keeps all of them green.
+"""The tests must be tight and fair: every plausible wrong fix turns at least one of them red, and every correct fix
+written another way keeps all of them green.
 
-Each variant rewrites the fix in a copy of the view and runs tests/unit_tests with that tree first on the import
-path; all sessions are forked from one warm process.
+Two test sets are held to it:
+- this repo's regression gate (tests/unit_tests), on copies of the view (the pinned release + the patch);
+- the upstream-bound tests: upstream's test_gpt_step.py as the patch leaves it, on copies of a patched upstream
+  checkout. Once upstream merges and the patch retires, those tests are all that is left. We carry no upstream
+  code, so this half needs an upstream clone holding the patch's base-commit and an interpreter that runs its tests
+  (megatron-core of that line): MTP_UPSTREAM_CHECKOUT=DIR [MTP_UPSTREAM_PYTHON=PY]; the nightly job sets them.
+
+Each variant rewrites the fix (a regex edit that must match exactly once) and runs the tests with that tree first on
+the import path; all sessions are forked from one warm process.
 """
+
+import os
+import re
+import sys
+from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.paths import GPT_STEP, VIEW, WORK
+from mtp_mask_fix.gate import checkout_row
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, VIEW, WORK
 from mtp_mask_fix.redgreen import Job, Outcome, run_many
+from mtp_mask_fix.targets import checkout
 from mtp_mask_fix.trees import materialise
 
 
-GATE = "    if use_mtp:\n"
-FIX = 'forward_args["loss_mask"] = loss_mask\n'
-BLOCK = GATE + "        # MCore's MTP loss falls back to an all-ones mask without it (#6103).\n        " + FIX
-CALL = "output_tensor = model(**forward_args)\n"
-PLAN = "labels=labels, loss_mask=loss_mask\n"
+GATE = r"    if use_mtp:\n"
+FIX = r'forward_args\["loss_mask"\] = loss_mask\n'
+BLOCK = GATE + r"(?:        #.*\n)*        " + FIX  # the fix with whatever comment it carries
+CALL = r"output_tensor = model\(\*\*forward_args\)\n"
+PLAN = r", loss_mask=loss_mask(?=\n)|\n +loss_mask=loss_mask,(?=\n)"  # in build_schedule_plan's call (0.6 | main)
+MASK = 'forward_args["loss_mask"] = None if loss_mask is None else '
 WRONG_FIXES = {
     "reverted": [(BLOCK, "")],
     "another kwarg name": [(FIX, 'forward_args["mtp_loss_mask"] = loss_mask\n')],
-    "a shifted mask": [(FIX, 'forward_args["loss_mask"] = None if loss_mask is None else loss_mask.roll(-1, -1)\n')],
-    "an all-ones mask": [
-        (FIX, 'forward_args["loss_mask"] = None if loss_mask is None else torch.ones_like(loss_mask)\n')
-    ],
+    "a shifted mask": [(FIX, MASK + "loss_mask.roll(-1, -1)\n")],
+    "an all-ones mask": [(FIX, MASK + "torch.ones_like(loss_mask)\n")],
+    "the positions reversed": [(FIX, MASK + "loss_mask.flip(-1)\n")],
+    "the samples reversed": [(FIX, MASK + "loss_mask.flip(0)\n")],
+    "the first sample's mask for every sample": [(FIX, MASK + "loss_mask[:1].expand_as(loss_mask)\n")],
     "labels as the mask": [(FIX, 'forward_args["loss_mask"] = labels\n')],
     "the attention mask as the mask": [(FIX, 'forward_args["loss_mask"] = attention_mask\n')],
-    "the schedule-plan path loses it": [(PLAN, "labels=labels\n")],
+    "the schedule-plan path loses it": [(PLAN, "")],
     "only packed batches": [(GATE, "    if use_mtp and packed_seq_metadata is not None:\n")],
     "only dense batches": [(GATE, "    if use_mtp and packed_seq_metadata is None:\n")],
     "only in training mode": [(GATE, '    if use_mtp and getattr(model, "training", True):\n')],
@@ -35,7 +52,7 @@ WRONG_FIXES = {
     "passed to every model, one without loss_mask too (#6105)": [(GATE, "    if True:\n")],
 }
 CORRECT_REWRITES = {
-    "a copy of the mask": [(FIX, 'forward_args["loss_mask"] = None if loss_mask is None else loss_mask.clone()\n')],
+    "a copy of the mask": [(FIX, MASK + "loss_mask.clone()\n")],
     "only when a mask exists": [(GATE, "    if use_mtp and loss_mask is not None:\n")],
     "mtp_num_layers read again": [(GATE, '    if getattr(config, "mtp_num_layers", None):\n')],
     "a keyword of the model call": [
@@ -45,29 +62,38 @@ CORRECT_REWRITES = {
     "an entry of the forward_args literal": [
         (BLOCK, ""),
         (
-            '"labels": labels,\n    }\n',
+            r'"labels": labels,\n    }\n',
             '"labels": labels,\n        **({"loss_mask": loss_mask} if use_mtp else {}),\n    }\n',
         ),
     ],
 }
+VARIANTS = {**WRONG_FIXES, **CORRECT_REWRITES}
+RED = (Outcome.ASSERTION, Outcome.OTHER_FAILURE)
+
+
+def rewrite(text: str, edits: list[tuple[str, str]], where: str) -> str:
+    """The file with each edit made; an edit that does not match exactly once is a stale variant, not a pass."""
+    for pattern, new in edits:
+        text, count = re.subn(pattern, lambda _: new, text)
+        assert count == 1, f"{where} holds {pattern!r} {count} times, not once"
+    return text
+
+
+def run_variants(base: Path, path: str, job: Job, work: Path, python: str = sys.executable) -> dict:
+    """One session per variant: `job`'s session on a copy of `base` whose `path` has the variant's rewrite; and
+    `job` itself ("carried": the fix as carried), so that every variant is held to the tests the fix runs."""
+    text, jobs = (base / path).read_text(), []
+    for index, edits in enumerate(VARIANTS.values()):
+        tree = materialise(base, work / str(index), rewrite={path: rewrite(text, edits, str(base / path))})
+        jobs.append(Job(job.args, tree / job.tree.relative_to(base), cwd=tree if job.cwd == base else job.cwd))
+    *variants, carried = run_many([*jobs, job], python)
+    return dict(zip(VARIANTS, variants)) | {"carried": carried}
 
 
 @pytest.fixture(scope="module")
 def runs():
     """tests/unit_tests once per variant, each against a copy of the view with its rewrite."""
-    view = (VIEW / GPT_STEP).read_text()
-    variants = {**WRONG_FIXES, **CORRECT_REWRITES}
-    jobs = []
-    for index, edits in enumerate(variants.values()):
-        text = view
-        for old, new in edits:
-            assert text.count(old) == 1, f"the view no longer holds {old!r} exactly once"
-            text = text.replace(old, new)
-        tree = materialise(VIEW, WORK / "variants" / str(index), rewrite={GPT_STEP: text})
-        jobs.append(Job(("tests/unit_tests",), tree))
-    jobs.append(Job(("tests/unit_tests",), VIEW))  # the fix as carried: every variant must run the same tests
-    *variant_runs, carried = run_many(jobs)
-    return dict(zip(variants, variant_runs)) | {"carried": carried}
+    return run_variants(VIEW, GPT_STEP, Job(("tests/unit_tests",), VIEW), WORK / "variants")
 
 
 class TestWrongFixesTurnRed:
@@ -75,7 +101,7 @@ class TestWrongFixesTurnRed:
     def test_wrong_fix_is_caught(self, runs, name):
         assert runs["carried"].outcomes, "the view ran no unit test"
         assert set(runs[name].outcomes) == set(runs["carried"].outcomes), f"{name}: the variant ran other tests"
-        red = [n for n, o in runs[name].outcomes.items() if o in (Outcome.ASSERTION, Outcome.OTHER_FAILURE)]
+        red = [n for n, o in runs[name].outcomes.items() if o in RED]
         assert red, f"no test of tests/unit_tests notices: {name}"
 
 
@@ -84,3 +110,34 @@ class TestCorrectRewritesStayGreen:
     def test_correct_rewrite_passes(self, runs, name):
         assert {n: o for n, o in runs[name].outcomes.items() if o != Outcome.PASSED} == {}
         assert set(runs[name].outcomes) == set(runs["carried"].outcomes)
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    """(the tests the patch adds or changes in upstream's file, the runs of that file per variant) on a patched
+    copy of MTP_UPSTREAM_CHECKOUT, built as gate builds it."""
+    where = os.environ.get("MTP_UPSTREAM_CHECKOUT")
+    if not where:
+        pytest.skip("needs MTP_UPSTREAM_CHECKOUT=<a Megatron-Bridge clone holding the patch's base-commit> (nightly)")
+    python = os.environ.get("MTP_UPSTREAM_PYTHON", sys.executable)
+    patch = Patch.load()
+    row = checkout_row(checkout(where), patch, rev=patch.base_commit or "HEAD")
+    patched = row.patched.cwd  # upstream + the whole patch
+    return row.touched, run_variants(patched, FIXED_FILE, row.patched, WORK / "upstream-variants", python)
+
+
+class TestUpstreamBoundTestsAreAsTight:
+    """The tests the patch adds to upstream's test_gpt_step.py catch every wrong fix on their own."""
+
+    @pytest.mark.parametrize("name", WRONG_FIXES)
+    def test_wrong_fix_is_caught_by_an_added_test(self, upstream, name):
+        added, runs = upstream
+        outcomes = runs[name].outcomes
+        assert outcomes, f"{name}: nothing ran ({runs[name].collection_errors()[:1]})"
+        red = [n for n, o in outcomes.items() if o in RED and n.split("[")[0] in added]
+        assert red, f"no test the patch adds to upstream's test_gpt_step.py notices: {name}"
+
+    @pytest.mark.parametrize("name", CORRECT_REWRITES)
+    def test_correct_rewrite_passes_upstreams_file(self, upstream, name):
+        outcomes = upstream[1][name].outcomes
+        assert outcomes and {n: o for n, o in outcomes.items() if o != Outcome.PASSED} == {}

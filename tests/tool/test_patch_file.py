@@ -46,9 +46,17 @@ class TestMailbox:
     def test_changes_gpt_step_and_upstreams_own_test_file(self, patch):
         assert [f.path for f in patch.files] == [FIXED, UPSTREAM_TEST]
 
-    def test_title_is_a_conventional_commit_that_carries_the_why(self, patch):
+    def test_title_is_a_conventional_commit_of_at_most_60_characters(self, patch):
+        """House style: the median title is about 60 characters before " (#NNNN)"."""
         assert re.fullmatch(r"fix\(training\): [a-z][^.]*[^.\s]", patch.subject)
-        assert "loss_mask" in patch.subject and "MTP loss" in patch.subject
+        assert len(patch.subject) <= 60
+        assert "loss_mask" in patch.subject and "MTP" in patch.subject
+
+    def test_the_fix_comment_says_why_the_guard(self, patch):
+        """The next refactor must not simplify `if use_mtp:` away: the comment names the only reader and FalconH1."""
+        (source,) = [f for f in patch.files if f.path == FIXED]
+        comment = "".join(line.value for hunk in source for line in hunk if line.is_added and "#" in line.value)
+        assert "MTP loss" in comment and "FalconH1Model" in comment
 
     def test_body_is_at_most_10_lines_and_closes_the_issue(self, patch):
         assert len(patch.body.splitlines()) <= 10
