@@ -13,7 +13,6 @@ from pathlib import Path
 from mtp_mask_fix import check, gate, pr, refresh, targets, trees, verify
 from mtp_mask_fix.errors import Exit, ToolError, exit_help
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import WORK
 
 
 TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
@@ -81,7 +80,7 @@ def cmd_status(args) -> tuple[str, Exit]:
 
 
 def cmd_pr(args) -> tuple[str, Exit]:
-    return pr.render(args.figures), Exit.OK
+    return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
 
 
 def cmd_view(args) -> tuple[str, Exit]:
@@ -126,8 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", type=Path, required=True, help="the Megatron-Bridge git checkout holding the commit")
     p.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
     p.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
-    p = command(cmd_pr, "print the review comment for #6105 and the PR body, with measured figures")
-    p.add_argument("--figures", type=Path, default=WORK / "repro" / "figures.json", help="from `repro`")
+    p = command(cmd_pr, "print the review of #6105 and the fallback PR body, from this patch's gated red/green")
+    p.add_argument(
+        "--co-author", help="\"Name <email>\" as on #6105's commits (pull/6105.patch): the PR body's credit"
+    )
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", pinned)
     command(cmd_view, "write src/ = the pinned release + the patch (importable as megatron.bridge)")
     return parser

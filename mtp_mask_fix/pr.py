@@ -1,106 +1,147 @@
-"""pr: the upstream route, written from the patch and from figures measured here (never typed in).
+"""pr: the upstream route, written from the patch and from red/green measured on this very patch (never typed in).
 
-(a) A review comment for PR #6105, which proposes the same line first: the finding, the fix and the test
-additions as GitHub suggestion blocks on #6105's files, and the reproduction (templates/review_6105.md).
-(b) A PR body (upstream's template sections, at most 25 lines) for when #6105 stalls: it supersedes #6105 and
-credits its author (templates/pr_body.md).
+(a) A review of PR #6105, which proposes the same line first: one general comment (templates/review_6105.md) with
+the FalconH1 finding, then one comment per change, each anchored on lines named by their text and holding a
+suggestion that stands alone (templates/review_change.md). Nothing of this tool and no toy-model figures in it.
+(b) A PR body for when #6105 stalls (templates/pr_body.md): it supersedes #6105 and credits its author exactly as
+`--co-author` gives it (#6105's commit identity is not recorded here, so it is never guessed).
+
+Measured input, one file per patch: `gate --checkout` writes results_file(patch) (format in its docstring). `pr`
+reads only the file keyed by the patch it renders, so a result of another patch never reaches a text, whatever
+ran last and whatever the current directory. This module imports neither torch nor megatron.
 """
 
 import ast
+import hashlib
 import json
-from itertools import groupby
+import re
 from pathlib import Path
 from string import Template
 
-from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.gate import SUMMARY
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE, WORK
-from mtp_mask_fix.targets import pins, release
 
 
 TEMPLATES = Path(__file__).parent / "templates"
-PR_6105_AUTHOR = "linmuchuiyang"  # GitHub author of #6103 and #6105
-FALCON_H1 = "megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py"
-EFFECT = WORK / "effect" / "figures.json"
+UPSTREAM = "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
+FALCON_H1 = "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py"
+CO_AUTHOR = re.compile(r"[^<>@\n]*\S <[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+>")
+GATE = "./run gate --checkout <a Megatron-Bridge clone holding {base}> --checkouts-only --python <its interpreter>"
+RULE = "-" * 100
 
 
-def _figures(path: Path) -> dict:
+def patch_key(patch: Patch) -> str:
+    """The git blob hash of the patch's diff: a new diff is a new key; its message or DEP-3 block do not count."""
+    data = patch.diff.encode()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def results_file(patch: Patch) -> Path:
+    """Where gate records this patch's red/green on upstream checkouts (the repo's .work/, whatever the cwd):
+
+        {"patch": patch_key(patch),
+         "checkouts": [{"commit": "<40 hex, the upstream commit gated>", "megatron_core": "0.20.0",
+                        "red": "4/4", "green": "56/56",
+                        "falcon_h1_forward": [first, last]}]}
+
+    red: the tests the patch adds or changes that fail by assertion on that commit, of all FAIL_TO_PASS; green:
+    tests passing with the patch, of all run. falcon_h1_forward: the lines of `FalconH1Model.forward`'s signature
+    in FALCON_H1 at that commit (falcon_h1_forward_lines), null if absent. Only rows whose verdict is PASS.
+    """
+    return WORK / "gate" / "by-patch" / f"{patch_key(patch)}.json"
+
+
+def falcon_h1_forward_lines(source: str) -> list[int] | None:
+    """[first, last] line of FalconH1Model.forward's signature, if it takes neither loss_mask nor **kwargs."""
+    classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "FalconH1Model"]
+    forward = [n for c in classes for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward"]
+    if (
+        len(forward) != 1
+        or forward[0].args.kwarg
+        or "loss_mask" in {a.arg for a in ast.walk(forward[0].args) if isinstance(a, ast.arg)}
+    ):
+        return None
+    return [forward[0].lineno, forward[0].body[0].lineno - 1]  # `def forward(` to the line ending in `:`
+
+
+def _measured(patch: Patch) -> list[dict]:
+    """This patch's gated checkouts; refuses (exit 5, naming the command) when there are none or one is incomplete."""
+    path, run = results_file(patch), GATE.format(base=(patch.base_commit or "the patch's base-commit")[:12])
     try:
-        return json.loads(Path(path).read_text())
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ToolError(f"no red/green of this patch on an upstream checkout yet: run `{run}`", Exit.FAILED) from None
     except (OSError, ValueError) as exc:
+        raise ToolError(f"cannot read {path} ({exc.__class__.__name__}): run `{run}` again", Exit.FAILED) from exc
+    rows = data.get("checkouts") if data.get("patch") == patch_key(patch) else None
+    count = re.compile(r"[1-9]\d*/\d+")
+    if not rows or not all(
+        re.fullmatch(r"[0-9a-f]{40}", str(r.get("commit")))
+        and re.fullmatch(r"\d+\.\d+\S*", str(r.get("megatron_core")))
+        and count.fullmatch(str(r.get("red")))
+        and count.fullmatch(str(r.get("green")))
+        for r in rows
+    ):
+        raise ToolError(f"{path} holds no complete red/green of this patch: run `{run}`", Exit.FAILED)
+    return rows
+
+
+def _added(patch: Patch, path: str) -> str:
+    """The patch's added lines in `path` as one block; refuses if they are not one run (a suggestion is one run)."""
+    (patched,) = [f for f in patch.files if f.path == path]
+    runs, previous = [], False
+    for hunk in patched:
+        for line in hunk:
+            if line.is_added and not previous:
+                runs.append("")
+            if line.is_added:
+                runs[-1] += line.value
+            previous = line.is_added
+    if len(runs) != 1 or any(line.is_removed for hunk in patched for line in hunk):
+        raise ToolError(f"the patch changes {path} in {len(runs)} places: one suggestion per change needs one")
+    return runs[0].rstrip("\n") + "\n"
+
+
+def _comment(name: str, values: dict) -> str:
+    return Template((TEMPLATES / name).read_text()).substitute(values)
+
+
+def render(patch: Patch, co_author: str | None) -> str:
+    """Both texts, each between rules; the refusals come first and change nothing."""
+    rows = _measured(patch)
+    if not co_author or not CO_AUTHOR.fullmatch(co_author.strip()):
         raise ToolError(
-            f"cannot read figures from {path} ({exc.__class__.__name__}); run `mtp-mask-fix repro` first"
-        ) from exc
-
-
-def _falcon_h1_signature() -> str:
-    """FalconH1Model.forward's parameters, read from the pinned release: a public model without `loss_mask`."""
-    source = release(pins()["megatron-bridge"]).root / FALCON_H1
-    tree = ast.parse(source.read_text())
-    forward = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "forward")
-    names = [a.arg for a in forward.args.args + forward.args.kwonlyargs if a.arg != "self"]
-    if "loss_mask" in names or forward.args.kwarg:
-        raise ToolError(f"{source}: FalconH1Model.forward now takes loss_mask; revisit the review comment")
-    return f"FalconH1Model.forward({', '.join(names)})"
-
-
-def _split_tests(patch: Patch, path: str) -> tuple[str, str]:
-    """(the new test functions, the file's diff without them): a run of added lines holding a `def` is new tests."""
-    patched_file = next(f for f in patch.files if f.path == path)
-    new, diff = [], [str(patched_file).split("\n@@", 1)[0] + "\n"]
-    for hunk in patched_file:
-        kept = []
-        for added, run in groupby(hunk, key=lambda line: line.is_added):
-            run = list(run)
-            if added and any(line.value.startswith("    def ") for line in run):
-                new.append("".join(line.value for line in run))
-            else:
-                kept += run
-        added, removed = sum(x.is_added for x in kept), sum(x.is_removed for x in kept)
-        header = f"@@ -{hunk.source_start},{len(kept) - added} +{hunk.target_start},{len(kept) - removed} @@"
-        diff.append(f"{header} {hunk.section_header}".rstrip() + "\n" + "".join(map(str, kept)))
-    return "".join(new), "".join(diff)
-
-
-def _effect() -> str:
-    """`effect`'s figures in one line, if it has run: what the bug costs the MTP head on answer tokens."""
-    if not EFFECT.exists():
-        return ""
-    from experiments.effect import summary_line
-
-    return f"- Through SFT (`./run effect`, tiny model): {summary_line(json.loads(EFFECT.read_text()))}.\n"
-
-
-def render(figures_path: Path = WORK / "repro" / "figures.json") -> str:
-    """Both texts, each between rules."""
-    patch, figures = Patch.load(), _figures(figures_path)
-    before, after = figures["before"], figures["after"]
-    test_file = patch.test_files()[0]
-    new_tests, asserts = _split_tests(patch, test_file)
-    counts = json.loads(SUMMARY.read_text()).items() if SUMMARY.exists() else []
+            '--co-author "Name <email>" is required: the identity on #6105\'s commits (see its pull/6105.patch); '
+            "it is not recorded here and never guessed"
+        )
+    (test_file,) = patch.test_files()
+    falcon = next(
+        (r for r in sorted(rows, key=lambda r: r["commit"] != patch.base_commit) if r.get("falcon_h1_forward")), None
+    )
+    if falcon is None:
+        raise ToolError(f"no gated checkout holds FalconH1Model.forward without loss_mask: run `{GATE}`", Exit.FAILED)
+    first, last = falcon["falcon_h1_forward"]
     values = {
-        "subject": patch.subject,
         "fixed_file": FIXED_FILE,
         "test_file": test_file,
-        "fix": "".join(x.value for f in patch.files if f.path == FIXED_FILE for h in f for x in h if x.is_added),
-        "new_tests": new_tests,
-        "asserts": asserts,
-        "falcon_h1": _falcon_h1_signature(),
-        "author": PR_6105_AUTHOR,
-        "repro": f"mtp_1 loss {before['mtp_1_loss']:.4f} -> {after['mtp_1_loss']:.4f}, lm loss {before['lm_loss']:.4f} -> "
-        f"{after['lm_loss']:.4f}, grad norm {before['grad_norm']:.3f} -> {after['grad_norm']:.3f}\n"
-        f"MTP loss mass on masked positions {before['mtp_mass_on_masked']:.1%} -> {after['mtp_mass_on_masked']:.1%}\n",
-        "repro_line": f"MTP loss mass on masked positions {before['mtp_mass_on_masked']:.1%} -> "
-        f"{after['mtp_mass_on_masked']:.1%}, LM loss {before['lm_loss']:.4f} -> {after['lm_loss']:.4f}.",
-        "local_counts": "; ".join(
-            f"{where}: {red} fail without the fix, {green} pass with it" for where, (red, green) in counts
-        )
-        or "(no upstream checkout gated yet: `mtp-mask-fix gate --checkout <upstream>` first)",
-        "effect": _effect(),
+        "falcon_h1": f"{UPSTREAM}/blob/{falcon['commit']}/{FALCON_H1}#L{first}-L{last}",
+        "fix": _added(patch, FIXED_FILE),
+        "tests": _added(patch, test_file),
+        "subject": patch.subject,
+        "co_author": co_author.strip(),
+        "counts": "; ".join(
+            f"at {r['commit'][:9]} with megatron-core {r['megatron_core']}, {r['red'].split('/')[0]} of the new "
+            f"cases fail without the fix (by assertion; the others are guards) and {r['green']} tests pass with it"
+            for r in rows
+        ),
     }
-    texts = [Template((TEMPLATES / name).read_text()).substitute(values) for name in ("review_6105.md", "pr_body.md")]
-    rule = "-" * 100
+    review = _comment("review_6105.md", values) + "".join(
+        f"\n{RULE}\n" + _comment(name, values) for name in ("review_fix.md", "review_assert.md", "review_tests.md")
+    )
+    trailer = f'git commit --amend --no-edit --trailer "Co-authored-by: {values["co_author"]}"'
     return (
-        f"(a) review comment for #6105\n{rule}\n{texts[0]}{rule}\n\n(b) PR body, if #6105 stalls\n{rule}\n{texts[1]}"
+        f"(a) review of #6105: one general comment, then one comment per change\n{RULE}\n{review}{RULE}\n\n"
+        f"(b) PR body, if #6105 stalls (first `{trailer}`: a squash merge keeps the commit's trailers)\n"
+        f"{RULE}\n{_comment('pr_body.md', values)}{RULE}\n"
     )
