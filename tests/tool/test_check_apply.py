@@ -77,7 +77,7 @@ class TestCheckStates:
 
     def test_drifted_upstream_test_only(self, cli, edit, checkout):
         """The source hunk still fits, but upstream's test moved on: drifted, and the message names the test file."""
-        edit(checkout, checkout.upstream_test, '["labels"] is None\n', '["labels"] is None  # moved on\n')
+        edit(checkout, checkout.upstream_test, "_flops_seqlen_sum == 0\n", "_flops_seqlen_sum == 0  # moved on\n")
         line = verdict(cli("check", checkout.root), 4)
         assert "drifted" in line and UPSTREAM_TEST in line
 
@@ -132,7 +132,7 @@ class TestNestedTree:
         assert "the patch applies (source and tests)" in verdict(cli("check", vendored.root), 0)
         assert cli("apply", "--no-verify", vendored.root).returncode == 0
         assert vendored.gpt_step.read_text() == patched_gpt_step
-        assert "create_autospec" in vendored.upstream_test.read_text()
+        assert "def test_forward_common_passes_loss_mask_to_mtp_model(" in vendored.upstream_test.read_text()
         assert "already applied" in verdict(cli("check", vendored.root), 3)
 
 
