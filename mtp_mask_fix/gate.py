@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from mtp_mask_fix import pr
 from mtp_mask_fix.check import State, check
 from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.git import git
@@ -53,9 +54,8 @@ class Row:
     red: str = "-"
     green: str = "-"
     name: str = ""  # a checkout's tag or branch and commit, as upstream knows it
-
-
-SUMMARY = WORK / "gate" / "summary.json"
+    commit: str = ""  # a checkout's gated commit (40 hex)
+    falcon_h1_forward: list[int] | None = None  # pr's permalink: FalconH1Model.forward's lines at that commit
 
 
 def release_row(target: Target, patch: Patch) -> Row:
@@ -76,9 +76,8 @@ def release_row(target: Target, patch: Patch) -> Row:
 def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
     """Upstream at `rev` plus the patch's test part (base), plus the whole patch (patched), and leave-one-out."""
     row = Row(target, upstream_files=patch.test_files())
-    row.name = git(
-        "describe", "--all", "--long", "--always", rev, cwd=target.root
-    ).stdout.strip()  # as upstream knows it
+    row.name = git("describe", "--all", "--long", "--always", rev, cwd=target.root).stdout.strip()
+    row.commit = git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=target.root).stdout.strip()
     work = WORK / "gate" / f"checkout-{target.root.name}"
     upstream = work / "upstream"
     shutil.rmtree(upstream, ignore_errors=True)
@@ -100,6 +99,8 @@ def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
     ]
     row.base, row.patched, *row.without = [Job(args, tree / "src", cwd=tree) for tree in trees]
     row.touched = touched_tests(row.upstream_files, upstream, work / "patched")
+    if (upstream / pr.FALCON_H1).exists():
+        row.falcon_h1_forward = pr.falcon_h1_forward_lines((upstream / pr.FALCON_H1).read_text())
     row.notes = lint(work / "patched", patch.paths())
     return row
 
@@ -169,19 +170,25 @@ def sessions(rows: list[Row]) -> list[Job]:
     return list(dict.fromkeys(job for row in rows if row.base for job in [row.base, row.patched, *row.without]))
 
 
-def evaluate(rows: list[Row], python: str) -> None:
-    """Run every session once and judge each row; record the rows for `pr`."""
+def evaluate(rows: list[Row], python: str, patch: Patch) -> None:
+    """Run every session once and judge each row; record the checkouts that hold for `pr`, keyed by the patch."""
     runs = dict(zip(sessions(rows), run_many(sessions(rows), python)))
     for row in [row for row in rows if row.base]:
         judge(row, runs)
     version = "import importlib.metadata as m; print(m.version('megatron-core'))"
     core = subprocess.run([python, "-c", version], capture_output=True, text=True).stdout.strip()
-    held = {
-        f"{r.name} with megatron-core {core}": [r.red, r.green] for r in rows if r.name and r.verdict == Verdict.PASS
-    }
-    summary = (json.loads(SUMMARY.read_text()) if SUMMARY.exists() else {}) | held  # upstream checkouts, for `pr`
-    SUMMARY.parent.mkdir(parents=True, exist_ok=True)
-    SUMMARY.write_text(json.dumps(summary, indent=1))
+    held = [
+        {"commit": r.commit, "megatron_core": core, "red": r.red, "green": r.green}
+        | {"falcon_h1_forward": r.falcon_h1_forward}
+        for r in rows
+        if r.commit and r.verdict == Verdict.PASS
+    ]
+    if held:  # this patch's file only: another patch's or an older diff's results never reach `pr`
+        path = pr.results_file(patch)
+        old = json.loads(path.read_text())["checkouts"] if path.exists() else []
+        kept = [c for c in old if (c["commit"], c["megatron_core"]) not in {(h["commit"], core) for h in held}]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"patch": pr.patch_key(patch), "checkouts": kept + held}, indent=1) + "\n")
 
 
 def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> tuple[str, Exit]:
@@ -197,7 +204,7 @@ def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> t
             rows.append(checkout_row(target, patch) if target.kind == Kind.CHECKOUT else release_row(target, patch))
     if sessions(rows):
         print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
-        evaluate(rows, python)
+        evaluate(rows, python, patch)
     width = max(len(row.target.label) for row in rows)
     lines = [f"\n{'target':<{width}}  base: F2P red  patched: green  verdict"]
     for row in rows:
