@@ -14,7 +14,8 @@ import sys
 import pytest
 
 from mtp_mask_fix import pr
-from mtp_mask_fix.patch import REPO, Patch
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import REPO
 
 from .conftest import FIXED, UPSTREAM_TEST
 
