@@ -97,6 +97,21 @@ class Patch:
                 out.append(header + "\n" + "".join(str(h) for h in kept))
         return "".join(text if text.endswith("\n") else text + "\n" for text in out)
 
+    def added(self, path: str) -> str:
+        """The lines the patch adds to `path`, which must be one run of added lines and nothing removed (what a
+        suggestion or a block of new tests is)."""
+        (patched,) = [f for f in self.files if f.path == path]
+        runs, previous = [], False
+        for line in (line for hunk in patched for line in hunk):
+            if line.is_added and not previous:
+                runs.append("")
+            if line.is_added:
+                runs[-1] += line.value
+            previous = line.is_added
+        if len(runs) != 1 or patched.removed:
+            raise ToolError(f"the patch changes {path} in {len(runs)} places: one suggestion per change needs one")
+        return runs[0].rstrip("\n") + "\n"
+
     def paths(self, *, src: bool | None = None) -> list[str]:
         """The files the patch changes (src: True sources, False tests, None all), as upstream checkouts name them."""
         return [f.path for f in self.files if src is None or f.path.startswith("src/") == src]

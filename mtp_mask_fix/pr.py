@@ -87,22 +87,6 @@ def _measured(patch: Patch) -> list[dict]:
     return rows
 
 
-def _added(patch: Patch, path: str) -> str:
-    """The patch's added lines in `path` as one block; refuses if they are not one run (a suggestion is one run)."""
-    (patched,) = [f for f in patch.files if f.path == path]
-    runs, previous = [], False
-    for hunk in patched:
-        for line in hunk:
-            if line.is_added and not previous:
-                runs.append("")
-            if line.is_added:
-                runs[-1] += line.value
-            previous = line.is_added
-    if len(runs) != 1 or any(line.is_removed for hunk in patched for line in hunk):
-        raise ToolError(f"the patch changes {path} in {len(runs)} places: one suggestion per change needs one")
-    return runs[0].rstrip("\n") + "\n"
-
-
 def _comment(name: str, values: dict) -> str:
     return Template((TEMPLATES / name).read_text()).substitute(values)
 
@@ -126,8 +110,8 @@ def render(patch: Patch, co_author: str | None) -> str:
         "fixed_file": FIXED_FILE,
         "test_file": test_file,
         "falcon_h1": f"{UPSTREAM}/blob/{falcon['commit']}/{FALCON_H1}#L{first}-L{last}",
-        "fix": _added(patch, FIXED_FILE),
-        "tests": _added(patch, test_file),
+        "fix": patch.added(FIXED_FILE),
+        "tests": patch.added(test_file),
         "subject": patch.subject,
         "co_author": co_author.strip(),
         "counts": "; ".join(

@@ -1,12 +1,13 @@
 """The tests must be tight and fair: every plausible wrong fix turns at least one of them red, and every correct fix
 written another way keeps all of them green.
 
-Two test sets are held to it:
-- this repo's regression gate (tests/unit_tests), on copies of the view (the pinned release + the patch);
-- the upstream-bound tests: upstream's test_gpt_step.py as the patch leaves it, on copies of a patched upstream
-  checkout. Once upstream merges and the patch retires, those tests are all that is left. We carry no upstream
-  code, so this half needs an upstream clone holding the patch's base-commit and an interpreter that runs its tests
-  (megatron-core of that line): MTP_UPSTREAM_CHECKOUT=DIR [MTP_UPSTREAM_PYTHON=PY]; the nightly job sets them.
+Two test sets are held to it, each on its own:
+- this repo's regression gate (tests/unit_tests);
+- the upstream-bound tests: what the patch adds to upstream's test_gpt_step.py. Once upstream merges and the patch
+  retires, they are all that is left. In every run they run over stand-ins for that file's helpers
+  (tests/support/upstream_helpers.py), next to tests/unit_tests on copies of the view; with an upstream clone holding
+  the patch's base-commit (MTP_UPSTREAM_CHECKOUT=DIR [MTP_UPSTREAM_PYTHON=PY], as the nightly job sets them), also
+  inside upstream's real file on copies of the patched checkout.
 
 Each variant rewrites the fix (a regex edit that must match exactly once) and runs the tests with that tree first on
 the import path; all sessions are forked from one warm process.
@@ -21,7 +22,7 @@ import pytest
 
 from mtp_mask_fix.gate import checkout_row
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, VIEW, WORK
+from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST, VIEW, WORK
 from mtp_mask_fix.redgreen import Job, Outcome, run_many
 from mtp_mask_fix.targets import checkout
 from mtp_mask_fix.trees import materialise
@@ -90,19 +91,42 @@ def run_variants(base: Path, path: str, job: Job, work: Path, python: str = sys.
     return dict(zip(VARIANTS, variants)) | {"carried": carried}
 
 
+ADDED = WORK / "upstream-bound" / "test_gpt_step_added.py"
+
+
+def _upstream_bound_tests() -> Path:
+    """The tests the patch adds to upstream's test_gpt_step.py, as a module over tests/support/upstream_helpers (the
+    stand-ins for that file's helpers): in push CI they run without an upstream checkout."""
+    added = Patch.load().added(UPSTREAM_TEST)
+    ADDED.parent.mkdir(parents=True, exist_ok=True)
+    ADDED.write_text(f"from tests.support.upstream_helpers import *  # noqa: F403\n\n\nclass TestGetBatch:\n{added}")
+    return ADDED
+
+
 @pytest.fixture(scope="module")
 def runs():
-    """tests/unit_tests once per variant, each against a copy of the view with its rewrite."""
-    return run_variants(VIEW, GPT_STEP, Job(("tests/unit_tests",), VIEW), WORK / "variants")
+    """tests/unit_tests and the upstream-bound tests once per variant, each against a copy of the view with its
+    rewrite, and once on the view."""
+    job = Job(("tests/unit_tests", str(_upstream_bound_tests())), VIEW)
+    return run_variants(VIEW, GPT_STEP, job, WORK / "variants")
+
+
+def _suites(run) -> dict[str, dict]:
+    """A run's outcomes split into the fork's unit tests and the upstream-bound ones."""
+    upstream = {n: o for n, o in run.outcomes.items() if not n.startswith("tests/unit_tests/")}
+    return {"tests/unit_tests": {n: o for n, o in run.outcomes.items() if n not in upstream}, "upstream": upstream}
 
 
 class TestWrongFixesTurnRed:
+    @pytest.mark.parametrize("suite", ["tests/unit_tests", "upstream"])
     @pytest.mark.parametrize("name", WRONG_FIXES)
-    def test_wrong_fix_is_caught(self, runs, name):
-        assert runs["carried"].outcomes, "the view ran no unit test"
-        assert set(runs[name].outcomes) == set(runs["carried"].outcomes), f"{name}: the variant ran other tests"
-        red = [n for n, o in runs[name].outcomes.items() if o in RED]
-        assert red, f"no test of tests/unit_tests notices: {name}"
+    def test_wrong_fix_is_caught(self, runs, name, suite):
+        """Each wrong fix turns a test of each set red: the fork's gate, and the tests that travel upstream (all
+        that is left once the patch retires)."""
+        carried, variant = _suites(runs["carried"])[suite], _suites(runs[name])[suite]
+        assert carried and set(carried.values()) == {Outcome.PASSED}, f"the carried fix does not pass {suite}"
+        assert set(variant) == set(carried), f"{name}: the variant ran other tests"
+        assert [n for n, o in variant.items() if o in RED], f"no test of {suite} notices: {name}"
 
 
 class TestCorrectRewritesStayGreen:
