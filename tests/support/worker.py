@@ -42,9 +42,11 @@ class Launch:
         return [self.mode, "--ranks", str(self.ranks), "--out", str(self.out), *self.args]
 
 
-def this_tree() -> Path:
-    """The tree this process imports megatron.bridge from (found without importing it)."""
-    return Path(importlib.util.find_spec("megatron.bridge").origin).parents[2]
+def this_tree() -> Path | None:
+    """The tree this process imports megatron.bridge from (found without importing it); None if it has none
+    (`./run effect`'s own process: both arms are then processes of their own)."""
+    spec = importlib.util.find_spec("megatron.bridge")
+    return Path(spec.origin).parents[2] if spec else None
 
 
 class Started:
@@ -58,7 +60,7 @@ class Started:
         self.runs, self.timeout, self._payloads, self._handles = runs, timeout, None, []
         for run in runs:
             run.out.mkdir(parents=True, exist_ok=True)
-            if run.tree.resolve() == this_tree().resolve():
+            if this_tree() is not None and run.tree.resolve() == this_tree().resolve():
                 self._handles.append(ranks(run.ranks, run.argv()))
             else:
                 log = open(run.out / "worker.log", "w")
