@@ -3,8 +3,10 @@
 Token ids: 1 = PAD = EOS (as in the report), 2 = SEP (ends a prompt), 3..vocab-1 content.
   pretraining: documents drawn from chain A (each token has ``branching`` successors with fixed probabilities),
                packed with EOS between documents, no padding, every position counts;
-  SFT:         prompt (chain A, or uniform random tokens) + SEP + answer (chain B continuing from the last prompt
-               token) + EOS; answer-only loss (the answer tokens and the EOS); padded with PAD.
+  SFT:         prompt (a chain's text, or uniform random tokens) + SEP + answer (the answer chain continuing from the
+               last prompt token) + EOS, padded with PAD (= EOS) to the batch's longest sample (or to a fixed
+               length); the loss covers the answer (the answer tokens and the EOS) or the whole sample (every label
+               but the padding).
 """
 
 from dataclasses import dataclass
@@ -63,18 +65,29 @@ def pretrain_batch(chain: Chain, vocab: int, batch: int, seq: int, gen, mean_doc
 
 @dataclass
 class SftSetting:
-    """How SFT samples are made: where prompts come from, their and the answers' lengths, and the padding."""
+    """How SFT samples are made: where prompts come from, their and the answers' lengths, the padding and the loss."""
 
     name: str
-    random_prompts: bool  # prompts of uniform random tokens instead of chain A
-    prompt_len: tuple[int, int] = (8, 24)
+    random_prompts: bool  # prompts of uniform random tokens instead of the prompt chain's text
+    prompt_len: tuple[int, int] = (8, 24)  # uniform in [min, max], or min + a long tail (prompt_tail) cut at max
     answer_len: tuple[int, int] = (3, 8)  # content tokens; + EOS
     pad_to: int | None = None  # None: pad to the batch's longest sample
+    loss: str = "answer"  # "answer": answer tokens and the closing EOS; "sample": every label but the padding
+    prompt_tail: float | None = None  # mean of an exponential tail added to prompt_len[0] (None: uniform lengths)
+
+    def prompt_lengths(self, batch: int, gen: torch.Generator) -> torch.Tensor:
+        """Each sample's prompt length."""
+        low, high = self.prompt_len
+        if self.prompt_tail is None:
+            return torch.randint(low, high + 1, (batch,), generator=gen)
+        tail = -self.prompt_tail * torch.log1p(-torch.rand(batch, generator=gen))  # exponential, mean prompt_tail
+        return (low + tail.floor().long()).clamp(max=high)
 
 
 def sft_batch(chain_a: Chain, chain_b: Chain, setting: SftSetting, vocab: int, batch: int, gen) -> dict:
-    """Label-aligned answer-only SFT batch, with the role (index into ROLES) of each label position."""
-    p_lens = torch.randint(setting.prompt_len[0], setting.prompt_len[1] + 1, (batch,), generator=gen)
+    """Label-aligned SFT batch (prompts from chain_a, answers continuing under chain_b), with the role (index into
+    ROLES) of each label position."""
+    p_lens = setting.prompt_lengths(batch, gen)
     a_lens = torch.randint(setting.answer_len[0], setting.answer_len[1] + 1, (batch,), generator=gen)
     start = torch.randint(FIRST, vocab, (batch,), generator=gen)
     if setting.random_prompts:
@@ -96,7 +109,8 @@ def sft_batch(chain_a: Chain, chain_b: Chain, setting: SftSetting, vocab: int, b
         n = len(text) - 1
         tokens[row, :n] = text[:-1]
         labels[row, :n] = text[1:]
-        loss_mask[row, p:n] = 1.0  # labels that are answer tokens or the closing EOS (text[p] is SEP)
+        # labels[p:n] are the answer tokens and the closing EOS (text[p] is SEP); labels[:p] the prompt's and SEP
+        loss_mask[row, p if setting.loss == "answer" else 0 : n] = 1.0
         roles[row, :p] = ROLES.index("prompt")
         roles[row, p:n] = ROLES.index("answer")
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "roles": roles}
