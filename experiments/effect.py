@@ -1,77 +1,61 @@
-"""What the bug costs through SFT: the same pretraining and the same answer-only SFT, unpatched vs patched.
+"""What the bug costs through SFT: per seed the same pretraining, then three SFT settings, unpatched vs patched.
 
 Each arm is its own process with its own tree first on the import path (unpatched = the pinned release as shipped,
-patched = the view, release + patch), both at once; experiments.effect_arm says what an arm does. Every figure is measured
-in the run; nothing here asserts what the effect is.
+patched = the tree under test, by default the view: release + patch), both at once; experiments.effect_arm says what
+an arm does. Every figure is measured in the run; nothing here asserts what the effect is.
 
-``run_effect(OUT, size)`` writes OUT/figures.json (and returns the same dict), OUT/effect.png (held-out true
-acceptance and MTP CE on answer tokens over SFT steps, both arms, mean +- sd over seeds, one column per setting) and
-keeps each arm's raw payload and log in OUT/arms/<arm>/. figures.json:
+    ./run effect             the short run (<= 3 min on 2 cores): 5 seeds x 3 settings, 60 SFT steps
+    ./run effect --plateau   the same to 600 SFT steps (prints its time)
 
-    size                      "full" | "small" | "long" | "padding"
-    plan                      pretrain_steps, sft_steps, seeds, settings, eval_every, eval_steps, eval_batches,
-                              batch, logged_tail, pretrain_seq, pretrain_lr, sft_lr
-    model                     spec, mtp_num_layers, mtp_loss_scaling_factor, parameters
-    arms.<arm>                arm = "unpatched" | "patched": tree, gpt_step_file, pretrained_weights_sha256,
-                              pretrain_data_sha256, sft_data_sha256 (one per run, seed-major), import_seconds,
-                              pretrain_seconds, fine_tune_seconds, peak_rss_mib
-    same_pretrained_weights   the arms' pretrained weights hash equal
-    same_data                 the arms' pretraining and SFT data hashes equal
-    pretrain                  lm_loss_first, lm_loss_last, held_out.{lm_top1, lm_ce, mtp_top1, mtp_ce} (unpatched
-                              arm's; chain-A text, every position)
-    settings.<setting>        setting = "markov_prompts" | "random_prompts" (| "markov_prompts_pad64")
-      description
-      step_one                SFT step 1: same weights, same batch in both arms
-        mix                   share of the batch's MTP depth-1 targets that are prompt / answer / padding
-                              (mean over seeds)
-        <metric>.<arm>        {mean, sd, values (one per seed)}; metric = mtp_1_loss (logged), grad_norm, lm_loss,
-                              mtp_loss_mass_on_masked (share of the MTP loss at loss_mask = 0 positions),
-                              logged_acceptance (mtp_1_acceptance_rate as a fraction)
-      final                   after plan.sft_steps SFT steps
-        step                  = plan.sft_steps
-        <metric>.<arm>        {mean, sd, values}; <metric>.paired_diff: patched - unpatched per seed, {mean, sd,
-                              values}; metric = logged_acceptance (mean of the last plan.logged_tail steps),
-                              true_acceptance_answer (held-out top-1 of depth 1 where its target is an answer
-                              token or the closing EOS), mtp_ce_answer, lm_top1_answer, lm_ce_answer
-      curves                  steps (= plan.eval_steps), then per metric true_acceptance_answer, mtp_ce_answer:
-                              <arm>.{mean, sd} lists over steps
-    wall_seconds              the whole run, both arms
+``run_effect(OUT, size)`` writes OUT/figures.json (format: experiments.figures) and OUT/effect.png, and keeps each
+arm's raw payload and log in OUT/arms/<arm>/.
 """
 
 import json
+import math
 import statistics
+import time
 from pathlib import Path
 
+from experiments.effect_arm import DESCRIPTIONS
+from experiments.figures import ARMS, METRICS, cite, effect_dir, interval, patch_key, run_label
 from experiments.synthetic import ROLES
-from mtp_mask_fix.paths import VIEW, WORK
+from mtp_mask_fix.paths import VIEW
 from mtp_mask_fix.targets import pins, release
 from tests.support.reference import loss_mass_on_masked
 from tests.support.worker import Launch, launch_all
 
 
-ARMS = ("unpatched", "patched")
-DESCRIPTIONS = {  # answers always continue the prompt under a new chain (the SFT task), one per seed
-    "markov_prompts": "prompts from the pretraining chain (predictable)",
-    "random_prompts": "uniformly random prompts (unpredictable)",
-    "markov_prompts_pad64": "prompts from the pretraining chain, padded to 64 tokens",
-}
-STEP_ONE_ROWS = (  # (label, metric, format)
+THRESHOLD_FRACTION = 0.9  # steps-to-threshold: first step at this fraction of the seed's better final value
+STEP_ONE = (  # (label, figure, format)
     ("mtp_1 loss (logged)", "mtp_1_loss", "{:.3f}"),
     ("grad norm", "grad_norm", "{:.3f}"),
     ("LM loss", "lm_loss", "{:.3f}"),
     ("share of MTP loss mass on masked positions", "mtp_loss_mass_on_masked", "{:.3f}"),
     ("logged acceptance (mtp_1_acceptance_rate)", "logged_acceptance", "{:.3f}"),
 )
-FINAL_ROWS = (
-    ("logged acceptance (mtp_1_acceptance_rate), last {tail} steps", "logged_acceptance", "{:+.3f}"),
-    ("true acceptance on answer tokens (held-out top-1, depth 1)", "true_acceptance_answer", "{:+.3f}"),
-    ("MTP CE on answer tokens (held-out)", "mtp_ce_answer", "{:+.3f}"),
-    ("LM top-1 on answer tokens (held-out)", "lm_top1_answer", "{:+.3f}"),
-    ("LM CE on answer tokens (held-out)", "lm_ce_answer", "{:+.3f}"),
-)
+TABLE_METRICS = ("teacher-forced", "speculative", "tokens-per-step", "logged", "teacher-forced-answers", "lm-top1")
 
 
-def _spread(values: list[float]) -> dict:
+def _ratio(sums: dict, hits: str, counted: str) -> float:
+    return sums[hits] / sums[counted] if sums[counted] else math.nan
+
+
+def held_out_metrics(sums: dict) -> dict[str, float]:
+    """METRICS from one evaluation's sums (experiments.training)."""
+    return {
+        "teacher-forced": _ratio(sums, "mtp_hits", "mtp_counted"),
+        "speculative": _ratio(sums, "spec_accepted", "spec_proposed"),
+        "tokens-per-step": _ratio(sums, "spec_tokens", "spec_steps"),
+        "logged": sums["logged_acceptance"],
+        "teacher-forced-answers": _ratio(sums, "mtp_answer_hits", "mtp_answer_counted"),
+        "mtp-ce": _ratio(sums, "mtp_ce_sum", "mtp_counted"),
+        "lm-top1": _ratio(sums, "lm_hits", "lm_counted"),
+    }
+
+
+def spread(values: list[float]) -> dict:
+    """Mean and sd (n - 1) of per-seed values, with the values."""
     return {
         "mean": statistics.fmean(values),
         "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
@@ -79,16 +63,48 @@ def _spread(values: list[float]) -> dict:
     }
 
 
-def _held_out(sums: dict) -> dict[str, float]:
+def paired(unpatched: list[float], patched: list[float]) -> dict:
+    """Patched - unpatched per seed, with the 95 % t-interval of the mean difference (n - 1 degrees of freedom)."""
+    from scipy.stats import t
+
+    diffs = [p - u for u, p in zip(unpatched, patched)]
+    out = {**spread(diffs), "n": len(diffs), "ci95": None}  # None: one seed has no interval
+    if len(diffs) > 1:
+        half = t.ppf(0.975, len(diffs) - 1) * out["sd"] / math.sqrt(len(diffs))
+        out["ci95"] = [out["mean"] - half, out["mean"] + half]
+    return out
+
+
+def _settled(steps: list[int], values: list[float], threshold: float) -> int | None:
+    """The first evaluation step from which every later value is at or above the threshold (None: the last is not)."""
+    first = None
+    for step, value in zip(steps, values):
+        first = None if value < threshold else step if first is None else first
+    return first
+
+
+def _to_threshold(steps: list[int], curves: dict[str, list[list[float]]]) -> dict:
+    """Per arm and seed, the step from which the metric stays at or above THRESHOLD_FRACTION of the seed's better
+    final value (a metric can start above it and dip: speculative acceptance before SFT is the pretrained heads'
+    agreement on their own language)."""
+    seeds = len(curves["patched"][0])
+    thresholds = [THRESHOLD_FRACTION * max(curves[arm][-1][s] for arm in ARMS) for s in range(seeds)]
+    first = {
+        arm: [_settled(steps, [row[s] for row in curves[arm]], thresholds[s]) for s in range(seeds)] for arm in ARMS
+    }
+    both = [s for s in range(seeds) if all(first[arm][s] is not None for arm in ARMS)]
     return {
-        "true_acceptance_answer": sums["mtp_hits"] / sums["mtp_counted"],
-        "mtp_ce_answer": sums["mtp_ce_sum"] / sums["mtp_counted"],
-        "lm_top1_answer": sums["lm_hits"] / sums["lm_counted"],
-        "lm_ce_answer": sums["lm_ce_sum"] / sums["lm_counted"],
+        "threshold_fraction": THRESHOLD_FRACTION,
+        "thresholds": thresholds,
+        **first,
+        "paired_diff": paired([first["unpatched"][s] for s in both], [first["patched"][s] for s in both])
+        if len(both) > 1
+        else None,
     }
 
 
-def _step_one_figures(step: dict) -> dict[str, float]:
+def _step_one(run: dict) -> dict:
+    step = run["step_one"]
     return {
         "mtp_1_loss": step["logged"]["mtp_1 loss"],
         "grad_norm": step["grad_norm"],
@@ -98,82 +114,104 @@ def _step_one_figures(step: dict) -> dict[str, float]:
     }
 
 
-def _final_figures(run: dict, tail: int) -> dict[str, float]:
-    logged = [entry["mtp_1_acceptance_rate"] / 100 for entry in run["trace"]["logged"][-tail:]]
-    return {"logged_acceptance": statistics.fmean(logged), **_held_out(run["evals"][max(run["evals"])])}
+def _ce_by_role(run: dict) -> dict[str, float]:
+    """Step 1's MTP depth-1 CE, mean over the targets of each role (before the first update: weights as loaded)."""
+    step = run["step_one"]
+    out = {}
+    for i, role in enumerate(ROLES):
+        where = step["target_role"] == i
+        out[role] = float(step["mtp_ce"][where].mean()) if where.any() else math.nan
+    return out
 
 
-def _setting_figures(setting: str, runs: dict[str, list[dict]], plan: dict) -> dict:
-    """One data setting: runs[arm] are that arm's runs of this setting, one per seed, in the same order."""
-    step_one = {arm: [_step_one_figures(r["step_one"]) for r in runs[arm]] for arm in ARMS}
-    final = {arm: [_final_figures(r, plan["logged_tail"]) for r in runs[arm]] for arm in ARMS}
+def _conclusion(setting: str, metrics: dict) -> str:
+    parts = []
+    for metric in ("teacher-forced", "speculative"):
+        diff = metrics[metric]["final"]["paired_diff"]
+        low, high = diff["ci95"] or (-math.inf, math.inf)
+        verdict = "higher patched" if low > 0 else "lower patched" if high < 0 else "no difference shown (0 inside)"
+        parts.append(f"{metric} {verdict}: {interval(diff)}")
+    return f"{setting}: " + "; ".join(parts)
+
+
+def _setting_figures(setting: str, runs: dict[str, list[dict]], steps: list[int]) -> dict:
+    """One data setting: runs[arm] are that arm's runs of this setting, one per seed, in the same seed order."""
     roles = [r["step_one"]["target_role"] for r in runs["patched"]]  # the same batches in both arms
-    mix = {name: statistics.fmean(float((role == i).float().mean()) for role in roles) for i, name in enumerate(ROLES)}
-    curves = {"steps": plan["eval_steps"]}
-    for metric in ("true_acceptance_answer", "mtp_ce_answer"):
-        curves[metric] = {}
-        for arm in ARMS:
-            per_step = [[_held_out(r["evals"][s])[metric] for r in runs[arm]] for s in plan["eval_steps"]]
-            spreads = [_spread(values) for values in per_step]
-            curves[metric][arm] = {"mean": [s["mean"] for s in spreads], "sd": [s["sd"] for s in spreads]}
-    final_metrics = {}
-    for metric in final["patched"][0]:
-        values = {arm: [f[metric] for f in final[arm]] for arm in ARMS}
-        final_metrics[metric] = {arm: _spread(values[arm]) for arm in ARMS}
-        final_metrics[metric]["paired_diff"] = _spread([p - u for u, p in zip(values["unpatched"], values["patched"])])
+    step_one = {arm: [_step_one(r) for r in runs[arm]] for arm in ARMS}
+    by_role = {arm: [_ce_by_role(r) for r in runs[arm]] for arm in ARMS}
+    metrics = {}
+    for metric, label in METRICS.items():
+        curves = {arm: [[held_out_metrics(r["evals"][s])[metric] for r in runs[arm]] for s in steps] for arm in ARMS}
+        final = {arm: spread(curves[arm][-1]) for arm in ARMS}
+        metrics[metric] = {
+            "label": label,
+            "steps": steps,
+            **curves,
+            "final": {**final, "paired_diff": paired(curves["unpatched"][-1], curves["patched"][-1])},
+            "to_threshold": _to_threshold(steps, curves),
+        }
     return {
-        "description": DESCRIPTIONS.get(setting, setting),
+        "description": DESCRIPTIONS[setting],
+        "conclusion": _conclusion(setting, metrics),
         "step_one": {
-            "mix": mix,
-            **{m: {arm: _spread([f[m] for f in step_one[arm]]) for arm in ARMS} for m in step_one["patched"][0]},
+            "mix": {
+                name: statistics.fmean(float((role == i).float().mean()) for role in roles)
+                for i, name in enumerate(ROLES)
+            },
+            "mtp_ce_by_role": {
+                role: {arm: spread([ce[role] for ce in by_role[arm]]) for arm in ARMS} for role in ROLES
+            },
+            **{f: {arm: spread([x[f] for x in step_one[arm]]) for arm in ARMS} for f in step_one["patched"][0]},
         },
-        "final": {"step": plan["sft_steps"], **final_metrics},
-        "curves": curves,
+        "metrics": metrics,
     }
 
 
 def figures_of(size: str, trees: dict[str, Path], arms: dict[str, dict]) -> dict:
-    """The figures (see the module docstring) from each arm's raw payload."""
+    """The figures (format: experiments.figures) from each arm's raw payload."""
     plan = arms["patched"]["plan"]
     runs = {arm: arms[arm]["runs"] for arm in ARMS}
     pretrain = arms["unpatched"]["pretrain"]
     return {
+        "key": patch_key(),
         "size": size,
         "plan": plan,
         "model": {
             "spec": "megatron-core GPTModel, local spec + MTP block, fp32, CPU; SFT steps via Bridge's forward_step",
-            "mtp_num_layers": pretrain["mtp_num_layers"],
-            "mtp_loss_scaling_factor": pretrain["mtp_loss_scaling_factor"],
-            "parameters": pretrain["num_parameters"],
+            "parameters": pretrain[0]["num_parameters"],
+            "mtp_num_layers": pretrain[0]["mtp_num_layers"],
+            "mtp_loss_scaling_factor": pretrain[0]["mtp_loss_scaling_factor"],
         },
         "arms": {
             arm: {
                 "tree": str(trees[arm]),
                 "gpt_step_file": arms[arm]["gpt_step_file"],
-                "pretrained_weights_sha256": arms[arm]["pretrain"]["weights_sha256"],
-                "pretrain_data_sha256": arms[arm]["pretrain"]["data_sha256"],
+                "pretrained_weights_sha256": [p["weights_sha256"] for p in arms[arm]["pretrain"]],
                 "sft_data_sha256": [r["data_sha256"] for r in runs[arm]],
+                "fine_tuned_weights_sha256": [r["weights_sha256"] for r in runs[arm]],
                 **{key: arms[arm][key] for key in ("import_seconds", "pretrain_seconds", "fine_tune_seconds")},
                 "peak_rss_mib": arms[arm]["peak_rss_mib"],
             }
             for arm in ARMS
         },
-        "same_pretrained_weights": len({arms[arm]["pretrain"]["weights_sha256"] for arm in ARMS}) == 1,
-        "same_data": len({(arms[a]["pretrain"]["data_sha256"], *(r["data_sha256"] for r in runs[a])) for a in ARMS})
+        "same_pretrained_weights": len({tuple(p["weights_sha256"] for p in arms[a]["pretrain"]) for a in ARMS}) == 1,
+        "same_data": len(
+            {(*(p["data_sha256"] for p in arms[a]["pretrain"]), *(r["data_sha256"] for r in runs[a])) for a in ARMS}
+        )
         == 1,
-        "pretrain": {
-            "lm_loss_first": pretrain["lm_loss_first"],
-            "lm_loss_last": pretrain["lm_loss_last"],
-            "held_out": {
-                "lm_top1": pretrain["held_out"]["lm_hits"] / pretrain["held_out"]["lm_counted"],
-                "lm_ce": pretrain["held_out"]["lm_ce_sum"] / pretrain["held_out"]["lm_counted"],
-                "mtp_top1": pretrain["held_out"]["mtp_hits"] / pretrain["held_out"]["mtp_counted"],
-                "mtp_ce": pretrain["held_out"]["mtp_ce_sum"] / pretrain["held_out"]["mtp_counted"],
-            },
-        },
+        "pretrain": [
+            {
+                "seed": seed,
+                "lm_loss_first": p["lm_loss_first"],
+                "lm_loss_last": p["lm_loss_last"],
+                "lm_top1": _ratio(p["held_out"], "lm_hits", "lm_counted"),
+                "mtp_top1": _ratio(p["held_out"], "mtp_hits", "mtp_counted"),
+            }
+            for seed, p in zip(plan["seeds"], pretrain)
+        ],
         "settings": {
             setting: _setting_figures(
-                setting, {arm: [r for r in runs[arm] if r["setting"] == setting] for arm in ARMS}, plan
+                setting, {arm: [r for r in runs[arm] if r["setting"] == setting] for arm in ARMS}, plan["eval_steps"]
             )
             for setting in plan["settings"]
         },
@@ -187,30 +225,27 @@ def _plot(figures: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     settings = figures["settings"]
-    metrics = (("true_acceptance_answer", "true acceptance on answers"), ("mtp_ce_answer", "MTP CE on answers"))
-    fig, axes = plt.subplots(len(metrics), len(settings), figsize=(5 * len(settings), 7), squeeze=False, sharex=True)
+    rows = ("teacher-forced", "speculative", "tokens-per-step")
+    fig, axes = plt.subplots(len(rows), len(settings), figsize=(4.6 * len(settings), 8), squeeze=False, sharex=True)
     colors = {"unpatched": "tab:red", "patched": "tab:blue"}
-    seeds = len(figures["plan"]["seeds"])
     for column, (setting, data) in enumerate(settings.items()):
-        steps = data["curves"]["steps"]
-        for row, (metric, label) in enumerate(metrics):
-            ax = axes[row, column]
+        for row, metric in enumerate(rows):
+            ax, curves = axes[row, column], data["metrics"][metric]
             for arm in ARMS:
-                curve = data["curves"][metric][arm]
-                low = [m - s for m, s in zip(curve["mean"], curve["sd"])]
-                high = [m + s for m, s in zip(curve["mean"], curve["sd"])]
-                ax.plot(steps, curve["mean"], marker="o", ms=3, color=colors[arm], label=arm)
-                ax.fill_between(steps, low, high, color=colors[arm], alpha=0.2, lw=0)
-            ax.set_ylabel(label)
+                means = [statistics.fmean(v) for v in curves[arm]]
+                ax.plot(curves["steps"], means, marker="o", ms=3, color=colors[arm], label=arm)
+                for s in range(len(curves[arm][0])):
+                    ax.plot(curves["steps"], [v[s] for v in curves[arm]], color=colors[arm], alpha=0.2, lw=0.8)
             ax.grid(alpha=0.3)
+            if column == 0:
+                ax.set_ylabel(metric)
             if row == 0:
-                ax.set_title(f"{setting}\n{data['description']}", fontsize=9)
-            if row == len(metrics) - 1:
+                ax.set_title(f"setting: {setting}", fontsize=10)
+            if row == len(rows) - 1:
                 ax.set_xlabel("SFT step")
-    axes[0, 0].legend(title=f"mean ± sd over {seeds} seed(s)", fontsize=8)
+    axes[0, 0].legend(title="mean over seeds (thin: each seed)", fontsize=8)
     fig.suptitle(
-        "MTP depth 1 on held-out answer tokens through answer-only SFT (answers under a new chain);\n"
-        "tiny model, same pretrained weights and batches in both arms",
+        "MTP depth 1 on held-out batches through SFT, same weights and batches in both arms\n" + run_label(figures),
         fontsize=10,
     )
     fig.tight_layout()
@@ -218,14 +253,12 @@ def _plot(figures: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def run_effect(out_dir: Path, size: str) -> dict:
+def run_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -> dict:
     """Run both arms (one process each, at once), write out_dir/figures.json and out_dir/effect.png, return the
-    figures. Each arm's raw payload and log stay in out_dir/arms/<arm>/ (rank0.pt, worker.log)."""
-    import time
-
+    figures. ``trees``: unpatched and patched trees (default: the pinned release and the view)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    trees = {"unpatched": release(pins()["megatron-bridge"]).root, "patched": VIEW}
+    trees = trees or {"unpatched": release(pins()["megatron-bridge"]).root, "patched": VIEW}
     started = time.perf_counter()
     runs = [Launch("effect", trees[arm], 1, out_dir / "arms" / arm, ("--size", size)) for arm in ARMS]
     payloads = {arm: ranks[0] for arm, ranks in zip(ARMS, launch_all(runs))}
@@ -238,44 +271,69 @@ def run_effect(out_dir: Path, size: str) -> dict:
     return figures
 
 
-def _cell(spread: dict, fmt: str) -> str:
-    return f"{fmt.format(spread['mean'])} ± {spread['sd']:.3f}"
+def _cell(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.3f}"
+
+
+def _diff(diff: dict | None) -> str:
+    return "n < 2" if diff is None else f"{interval(diff)} (n={diff['n']})"
 
 
 def format_tables(figures: dict) -> str:
-    """Per data setting: the report's step-1 table with the batch's mix, and the through-SFT table."""
-    plan, lines = figures["plan"], []
-    seeds = len(plan["seeds"])
+    """Per setting: step 1 (CE by role, the logged figures), then each metric at the last step and to threshold."""
+    plan, lines = figures["plan"], [f"== {run_label(figures)}"]
     pre = figures["pretrain"]
     lines.append(
-        f"pretraining: {plan['pretrain_steps']} steps, LM loss {pre['lm_loss_first']:.3f} -> {pre['lm_loss_last']:.3f}; "
-        f"held-out top-1 LM {pre['held_out']['lm_top1']:.3f}, MTP {pre['held_out']['mtp_top1']:.3f}; "
-        f"same pretrained weights in both arms: {figures['same_pretrained_weights']}, same data: {figures['same_data']}"
+        f"pretraining ({plan['pretrain_steps']} steps per seed): LM loss "
+        f"{statistics.fmean(p['lm_loss_first'] for p in pre):.3f} -> {statistics.fmean(p['lm_loss_last'] for p in pre):.3f}, "
+        f"held-out top-1 LM {statistics.fmean(p['lm_top1'] for p in pre):.3f}, "
+        f"MTP {statistics.fmean(p['mtp_top1'] for p in pre):.3f} (mean over seeds); same pretrained weights in both "
+        f"arms: {figures['same_pretrained_weights']}, same data: {figures['same_data']}"
     )
+    width = 46
     for setting, data in figures["settings"].items():
-        mix = ", ".join(f"{name} {share:.1%}" for name, share in data["step_one"]["mix"].items())
-        width = max(len(label) for label, _, _ in STEP_ONE_ROWS + FINAL_ROWS) + 4
-        lines += ["", f"== {setting}: {data['description']}"]
-        lines.append(f"SFT step 1 (same weights and batch in both arms), mean ± sd over {seeds} seed(s)")
-        lines.append(f"batch mix of MTP depth-1 targets: {mix}")
-        lines.append(f"{'':{width}}  {'unpatched':>17}  {'patched':>17}")
-        for label, metric, fmt in STEP_ONE_ROWS:
-            cells = [_cell(data["step_one"][metric][arm], fmt) for arm in ARMS]
-            lines.append(f"{label:{width}}  {cells[0]:>17}  {cells[1]:>17}")
-        lines.append(f"after {data['final']['step']} SFT steps, mean ± sd over {seeds} seed(s)")
-        lines.append(f"{'':{width}}  {'unpatched':>17}  {'patched':>17}  {'patched - unpatched':>19}")
-        for label, metric, fmt in FINAL_ROWS:
-            row = data["final"][metric]
-            cells = [_cell(row[arm], fmt.replace("+", "")) for arm in ARMS] + [_cell(row["paired_diff"], fmt)]
-            lines.append(
-                f"{label.format(tail=plan['logged_tail']):{width}}  {cells[0]:>17}  {cells[1]:>17}  {cells[2]:>19}"
+        one = data["step_one"]
+        mix = ", ".join(f"{name} {share:.1%}" for name, share in one["mix"].items())
+        lines += ["", f"== setting {setting}: {data['description']}"]
+        lines.append(f"SFT step 1 (same weights and batch in both arms), mean over seeds; MTP targets: {mix}")
+        lines.append(f"{'':{width}}  {'unpatched':>10}  {'patched':>10}")
+        for role in ROLES:
+            cells = [_cell(one["mtp_ce_by_role"][role][arm]["values"]) for arm in ARMS]
+            lines.append(f"{'MTP CE on ' + role + ' targets':{width}}  {cells[0]:>10}  {cells[1]:>10}")
+        for label, figure, fmt in STEP_ONE:
+            cells = [fmt.format(one[figure][arm]["mean"]) for arm in ARMS]
+            lines.append(f"{label:{width}}  {cells[0]:>10}  {cells[1]:>10}")
+        lines.append(
+            f"after {plan['sft_steps']} SFT steps (held out); patched - unpatched: mean [95 % t-interval, paired by "
+            f"seed]; step from which it stays at {THRESHOLD_FRACTION:.0%} of the better final value or above"
+        )
+        lines.append(
+            f"{'':{width}}  {'unpatched':>10}  {'patched':>10}  {'patched - unpatched':>32}  "
+            f"{'steps to threshold (u / p; paired diff)'}"
+        )
+        for metric in TABLE_METRICS:
+            row = data["metrics"][metric]
+            final, reach = row["final"], row["to_threshold"]
+            cells = [f"{final[arm]['mean']:.3f}" for arm in ARMS]
+            reached = " / ".join(
+                f"{statistics.fmean(s for s in reach[arm] if s is not None):.0f}"
+                if any(s is not None for s in reach[arm])
+                else "-"
+                for arm in ARMS
             )
+            misses = sum(s is None for arm in ARMS for s in reach[arm])
+            reached += f" ({misses} not reached)" if misses else ""
+            lines.append(
+                f"{metric:{width}}  {cells[0]:>10}  {cells[1]:>10}  {_diff(final['paired_diff']):>32}  "
+                f"{reached}; {_diff(reach['paired_diff'])}"
+            )
+        lines.append(f"-> {data['conclusion']}")
     arms = figures["arms"]
     lines += [
         "",
-        f"(wall {figures.get('wall_seconds', float('nan')):.0f} s for both arms at once; per arm: import "
+        f"(wall {figures['wall_seconds']:.0f} s for both arms at once; per arm: "
         + ", ".join(
-            f"{arm} {arms[arm]['import_seconds']:.0f} s + pretrain {arms[arm]['pretrain_seconds']:.0f} s + "
+            f"{arm} import {arms[arm]['import_seconds']:.0f} s + pretrain {arms[arm]['pretrain_seconds']:.0f} s + "
             f"SFT {arms[arm]['fine_tune_seconds']:.0f} s, peak RSS {arms[arm]['peak_rss_mib']:.0f} MiB"
             for arm in ARMS
         )
@@ -284,26 +342,21 @@ def format_tables(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def summary_line(figures: dict) -> str:
-    """One line for the PR text: answer-token MTP acceptance and CE after SFT, per setting, both arms."""
-    parts = []
-    for setting, data in figures["settings"].items():
-        acc, ce = data["final"]["true_acceptance_answer"], data["final"]["mtp_ce_answer"]
-        parts.append(
-            f"{setting}: MTP acceptance on answer tokens {acc['unpatched']['mean']:.3f} unpatched vs "
-            f"{acc['patched']['mean']:.3f} patched (paired {acc['paired_diff']['mean']:+.3f} ± "
-            f"{acc['paired_diff']['sd']:.3f}), answer MTP CE {ce['unpatched']['mean']:.3f} vs {ce['patched']['mean']:.3f}"
-        )
-    plan = figures["plan"]
-    return f"after {plan['sft_steps']} SFT steps, {len(plan['seeds'])} seeds: " + "; ".join(parts)
-
-
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """`./run effect [--plateau]`: run, print the tables and where the figures went."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", choices=("full", "small"), default="full", help="small: the suite's quick version")
-    size = parser.parse_args().size
-    out = WORK / "effect"
-    print(format_tables(run_effect(out, size)))
-    print(f"\nwrote {out / 'figures.json'} and {out / 'effect.png'}")
+    parser.add_argument("--plateau", action="store_true", help="run to a plateau (600 SFT steps; about 15 minutes)")
+    size = "plateau" if parser.parse_args(argv).plateau else "short"
+    out = effect_dir(size)
+    figures = run_effect(out, size)
+    print(format_tables(figures))
+    print()
+    for setting in figures["settings"]:
+        print(cite(figures, setting))
+    print(f"\nwrote {out / 'figures.json'} and {out / 'effect.png'} in {figures['wall_seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,10 @@
 """One arm of the effect experiment (experiments.effect), run by the worker with one tree first on the import path.
 
-Pretrain the tiny MTP model (mtp_num_layers 1) on packed chain-A text (all-ones mask, no padding: both trees take the
-same steps, which the weights hash shows), then for each seed and data setting fine-tune copies of it with
-answer-only SFT through Bridge's forward_step + Adam, and evaluate on held-out SFT batches of the same setting.
-Returns raw figures only (counts, sums, per-position CE at step 1, logged values per step); effect.py derives the rest.
+Per seed: a fresh initialisation, a pretraining language (chain A) and its packed text, pretrained with an all-ones
+mask and no padding (both trees take the same steps, which the weights hash shows); then, for each data setting, a
+copy of those weights fine-tuned through Bridge's forward_step + Adam on that seed's SFT task (chain B) and batches,
+and evaluated on held-out batches of the same setting at the same steps in both arms. Returns raw figures only
+(counts, sums, per-position CE at step 1, logged values per step); effect.py derives the rest.
 """
 
 import hashlib
@@ -24,38 +25,43 @@ class Plan:
 
     pretrain_steps: int
     sft_steps: int
-    seeds: tuple[int, ...]  # each: its own SFT task (chain B) and batch stream
+    seeds: tuple[int, ...]  # each: its own initialisation, pretraining language and text, SFT task and batches
     settings: tuple[str, ...]
     eval_every: int  # held-out evaluation every this many SFT steps (and at step 0)
     eval_batches: int
     batch: int
-    logged_tail: int  # the final logged acceptance is the mean over this many last SFT steps
+    pretrain_batch: int = 16
     pretrain_seq: int = 32
     pretrain_lr: float = 3e-3
-    sft_lr: float = 1e-3
+    sft_lr: float = 2e-3
+    new_tokens: int = 5  # greedy tokens decoded after each held-out prompt (the longest answer + its EOS)
 
     def eval_steps(self) -> list[int]:
         """The SFT steps after which the held-out batches are evaluated (0: before fine-tuning)."""
         return sorted({*range(0, self.sft_steps + 1, self.eval_every), self.sft_steps})
 
 
-BOTH = ("markov_prompts", "random_prompts")
-PLANS = {
-    "full": Plan(300, 120, (0, 1, 2), BOTH, eval_every=15, eval_batches=4, batch=32, logged_tail=20),
-    "small": Plan(30, 10, (0, 1), BOTH, eval_every=5, eval_batches=2, batch=16, logged_tail=3),  # the test's
-    # Supplementary, outside the 3-minute budget: 4x the SFT steps; padding to 64.
-    "long": Plan(300, 480, (0,), BOTH, eval_every=60, eval_batches=4, batch=32, logged_tail=80),
-    "padding": Plan(
-        300, 120, (0, 1, 2), ("markov_prompts_pad64",), eval_every=15, eval_batches=4, batch=32, logged_tail=20
-    ),
-}
+# Report-like padding: pad id = EOS, prompts with a long tail of lengths, 1-4 answer tokens + EOS, each batch padded to
+# its longest sample, so most rows end in a long run of padding and answers are a few percent of the targets.
+_SHAPE = {"prompt_len": (8, 52), "prompt_tail": 12.0, "answer_len": (1, 4)}
 SETTINGS = {
-    "markov_prompts": syn.SftSetting("markov_prompts", random_prompts=False),
-    "random_prompts": syn.SftSetting("random_prompts", random_prompts=True),
-    "markov_prompts_pad64": syn.SftSetting("markov_prompts_pad64", random_prompts=False, pad_to=64),
+    "same-language": syn.SftSetting("same-language", random_prompts=False, **_SHAPE),
+    "distinct-answers": syn.SftSetting("distinct-answers", random_prompts=False, **_SHAPE),
+    "padding-only": syn.SftSetting("padding-only", random_prompts=False, loss="sample", **_SHAPE),
 }
-CHAIN_A_SEED = 1  # the pretraining language; SFT prompts in the markov settings
-CHAIN_B = {"branching": 2, "probs": (0.9, 0.1)}  # the SFT task: answers continue under chain B, one per seed
+DESCRIPTIONS = {
+    "same-language": "prompt and answer in one language (the SFT task's chain); answer-only loss",
+    "distinct-answers": "prompts in the pretraining language, answers in the SFT task's; answer-only loss",
+    "padding-only": "as distinct-answers, but the loss covers the whole sample: only the padding is masked",
+}
+ALL = tuple(SETTINGS)
+FIVE = (0, 1, 2, 3, 4)
+PLANS = {
+    "short": Plan(150, 60, FIVE, ALL, eval_every=20, eval_batches=4, batch=16),  # `./run effect`: <= 3 min
+    "plateau": Plan(150, 600, FIVE, ALL, eval_every=50, eval_batches=4, batch=16),  # `./run effect --plateau`
+    "small": Plan(8, 3, (0,), ALL, eval_every=3, eval_batches=1, batch=8, pretrain_batch=8),  # the suite's
+}
+CHAIN_B = {"branching": 2, "probs": (0.9, 0.1)}  # the SFT task's language: one per seed
 
 
 def _sha256(batches: list[dict]) -> str:
@@ -67,24 +73,33 @@ def _sha256(batches: list[dict]) -> str:
     return digest.hexdigest()
 
 
-def _pretrain(plan: Plan) -> tuple[dict, dict]:
-    """Pretrained weights, and how the pretraining went (held out: 2 more chain-A batches, every position)."""
-    chain_a = syn.make_chain(tiny_mtp.VOCAB, CHAIN_A_SEED)
-    gen = torch.Generator().manual_seed(10_000)
-    make = lambda: syn.pretrain_batch(chain_a, tiny_mtp.VOCAB, plan.batch, plan.pretrain_seq, gen)
+def _chains(seed: int) -> tuple[syn.Chain, syn.Chain]:
+    """The seed's pretraining language (chain A) and SFT task's language (chain B)."""
+    return syn.make_chain(tiny_mtp.VOCAB, 1 + seed), syn.make_chain(tiny_mtp.VOCAB, 100 + seed, **CHAIN_B)
+
+
+def _pretrain(plan: Plan, seed: int) -> tuple[dict, dict]:
+    """The seed's pretrained weights, and how the pretraining went (held out: 2 more batches, every position)."""
+    chain_a, _ = _chains(seed)
+    gen = torch.Generator().manual_seed(10_000 + seed)
+    make = lambda: syn.pretrain_batch(chain_a, tiny_mtp.VOCAB, plan.pretrain_batch, plan.pretrain_seq, gen)
     batches = [make() for _ in range(plan.pretrain_steps)]
-    model = tiny_mtp.build_model(1)
+    model = tiny_mtp.build_model(1, seed=cpu_runtime.SEED + seed)
     losses = training.pretrain(model, batches, plan.pretrain_lr)
+    held_out = [make(), make()]
+    for batch in held_out:
+        batch["roles"] = torch.full_like(batch["labels"], syn.ROLES.index("answer"))  # every position counts
     info = {
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "mtp_num_layers": model.config.mtp_num_layers,
         "mtp_loss_scaling_factor": model.config.mtp_loss_scaling_factor,
         "lm_loss_first": losses[0],
         "lm_loss_last": losses[-1],
-        "held_out": training.evaluate(model, [make(), make()]),
+        "held_out": training.evaluate(model, held_out),
         "weights_sha256": tiny_mtp.weights_sha256(model),
         "data_sha256": _sha256(batches),
     }
+    tiny_mtp.reset_mtp_tracker()
     return {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}, info
 
 
@@ -102,18 +117,22 @@ def _step_one(result: tiny_mtp.StepResult, batch: dict) -> dict:
     }
 
 
+def _evaluate(model, held_out: list[dict], plan: Plan) -> dict:
+    return {**training.evaluate(model, held_out), **training.speculative(model, held_out, plan.new_tokens)}
+
+
 def _fine_tune(pretrained: dict, plan: Plan, setting: str, seed: int) -> dict:
-    """SFT from the pretrained weights on one seed's task and batches."""
-    chain_a = syn.make_chain(tiny_mtp.VOCAB, CHAIN_A_SEED)
-    chain_b = syn.make_chain(tiny_mtp.VOCAB, 100 + seed, **CHAIN_B)
-    gen = torch.Generator().manual_seed(1000 * seed + tuple(SETTINGS).index(setting))
-    make = lambda: syn.sft_batch(chain_a, chain_b, SETTINGS[setting], tiny_mtp.VOCAB, plan.batch, gen)
+    """SFT from the seed's pretrained weights on the seed's task and batches of this setting."""
+    chain_a, chain_b = _chains(seed)
+    prompts = chain_b if setting == "same-language" else chain_a
+    gen = torch.Generator().manual_seed(1000 * seed + ALL.index(setting))
+    make = lambda: syn.sft_batch(prompts, chain_b, SETTINGS[setting], tiny_mtp.VOCAB, plan.batch, gen)
     held_out = [make() for _ in range(plan.eval_batches)]
     train = [make() for _ in range(plan.sft_steps)]
     model = tiny_mtp.build_model(1)
     model.load_state_dict(pretrained, strict=False)  # strict=False: the state dict's _extra_state entries are None
     tiny_mtp.reset_mtp_tracker()
-    evals = {0: training.evaluate(model, held_out)}
+    evals = {0: _evaluate(model, held_out, plan)}
     trace = {"logged": [], "lm_loss": []}
     step_one = None
     for step, result in training.adam_steps(model, train, plan.sft_lr, record=lambda step: step == 1):
@@ -122,11 +141,12 @@ def _fine_tune(pretrained: dict, plan: Plan, setting: str, seed: int) -> dict:
         trace["logged"].append(result.logged)
         trace["lm_loss"].append(result.lm_loss)
         if step in plan.eval_steps():
-            evals[step] = training.evaluate(model, held_out)
+            evals[step] = _evaluate(model, held_out, plan)
     return {
         "setting": setting,
         "seed": seed,
         "data_sha256": _sha256(held_out + train),
+        "weights_sha256": tiny_mtp.weights_sha256(model),
         "step_one": step_one,
         "trace": trace,
         "evals": evals,
@@ -134,17 +154,22 @@ def _fine_tune(pretrained: dict, plan: Plan, setting: str, seed: int) -> dict:
 
 
 def measure(size: str) -> dict:
-    """The arm: plan, pretraining, one fine-tuning run per (seed, setting), and where the time went."""
+    """The arm: plan, per seed a pretraining and one fine-tuning run per setting, and where the time went."""
     plan = PLANS[size]
     cpu_runtime.init_distributed()
-    started = time.perf_counter()
-    pretrained, pretrain = _pretrain(plan)
-    pretrained_at = time.perf_counter()
-    runs = [_fine_tune(pretrained, plan, setting, seed) for seed in plan.seeds for setting in plan.settings]
+    pretrain, runs, seconds = [], [], {"pretrain": 0.0, "fine_tune": 0.0}
+    for seed in plan.seeds:
+        started = time.perf_counter()
+        weights, info = _pretrain(plan, seed)
+        pretrain.append(info)
+        pretrained_at = time.perf_counter()
+        runs += [_fine_tune(weights, plan, setting, seed) for setting in plan.settings]
+        seconds["pretrain"] += pretrained_at - started
+        seconds["fine_tune"] += time.perf_counter() - pretrained_at
     return {
         "plan": {**asdict(plan), "eval_steps": plan.eval_steps()},
         "pretrain": pretrain,
         "runs": runs,
-        "pretrain_seconds": pretrained_at - started,
-        "fine_tune_seconds": time.perf_counter() - pretrained_at,
+        "pretrain_seconds": seconds["pretrain"],
+        "fine_tune_seconds": seconds["fine_tune"],
     }
