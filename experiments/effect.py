@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from experiments.effect_arm import DESCRIPTIONS
-from experiments.figures import ARMS, METRICS, cite, effect_dir, interval, patch_key, run_label
+from experiments.figures import ARMS, METRICS, cite, effect_dir, interval, patch_key, run_label, summary_line
 from experiments.synthetic import ROLES
 from mtp_mask_fix.paths import VIEW
 from mtp_mask_fix.targets import pins, release
@@ -37,8 +37,9 @@ STEP_ONE = (  # (label, figure, format)
 TABLE_METRICS = ("teacher-forced", "speculative", "tokens-per-step", "logged", "teacher-forced-answers", "lm-top1")
 
 
-def _ratio(sums: dict, hits: str, counted: str) -> float:
-    return sums[hits] / sums[counted] if sums[counted] else math.nan
+def _ratio(sums: dict, hits: str, counted: str) -> float | None:
+    """hits / counted; None when nothing was counted (e.g. no draft proposed: every greedy answer ended at once)."""
+    return sums[hits] / sums[counted] if sums[counted] else None
 
 
 def held_out_metrics(sums: dict) -> dict[str, float]:
@@ -54,11 +55,13 @@ def held_out_metrics(sums: dict) -> dict[str, float]:
     }
 
 
-def spread(values: list[float]) -> dict:
-    """Mean and sd (n - 1) of per-seed values, with the values."""
+def spread(values: list[float | None]) -> dict:
+    """Mean and sd (n - 1) of the per-seed values that exist (n of them), with the values."""
+    defined = [v for v in values if v is not None]
     return {
-        "mean": statistics.fmean(values),
-        "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "mean": statistics.fmean(defined) if defined else None,
+        "sd": statistics.stdev(defined) if len(defined) > 1 else 0.0,
+        "n": len(defined),
         "values": values,
     }
 
@@ -67,8 +70,8 @@ def paired(unpatched: list[float], patched: list[float]) -> dict:
     """Patched - unpatched per seed, with the 95 % t-interval of the mean difference (n - 1 degrees of freedom)."""
     from scipy.stats import t
 
-    diffs = [p - u for u, p in zip(unpatched, patched)]
-    out = {**spread(diffs), "n": len(diffs), "ci95": None}  # None: one seed has no interval
+    diffs = [p - u for u, p in zip(unpatched, patched) if u is not None and p is not None]
+    out = {**spread(diffs), "ci95": None}  # None: fewer than 2 seeds, no interval
     if len(diffs) > 1:
         half = t.ppf(0.975, len(diffs) - 1) * out["sd"] / math.sqrt(len(diffs))
         out["ci95"] = [out["mean"] - half, out["mean"] + half]
@@ -79,7 +82,8 @@ def _settled(steps: list[int], values: list[float], threshold: float) -> int | N
     """The first evaluation step from which every later value is at or above the threshold (None: the last is not)."""
     first = None
     for step, value in zip(steps, values):
-        first = None if value < threshold else step if first is None else first
+        if value is not None:  # no value (nothing counted) neither reaches nor leaves the threshold
+            first = None if value < threshold else step if first is None else first
     return first
 
 
@@ -88,7 +92,8 @@ def _to_threshold(steps: list[int], curves: dict[str, list[list[float]]]) -> dic
     final value (a metric can start above it and dip: speculative acceptance before SFT is the pretrained heads'
     agreement on their own language)."""
     seeds = len(curves["patched"][0])
-    thresholds = [THRESHOLD_FRACTION * max(curves[arm][-1][s] for arm in ARMS) for s in range(seeds)]
+    finals = [[curves[arm][-1][s] for arm in ARMS if curves[arm][-1][s] is not None] for s in range(seeds)]
+    thresholds = [THRESHOLD_FRACTION * max(values) if values else math.inf for values in finals]
     first = {
         arm: [_settled(steps, [row[s] for row in curves[arm]], thresholds[s]) for s in range(seeds)] for arm in ARMS
     }
@@ -120,7 +125,7 @@ def _ce_by_role(run: dict) -> dict[str, float]:
     out = {}
     for i, role in enumerate(ROLES):
         where = step["target_role"] == i
-        out[role] = float(step["mtp_ce"][where].mean()) if where.any() else math.nan
+        out[role] = float(step["mtp_ce"][where].mean()) if where.any() else None
     return out
 
 
@@ -232,10 +237,12 @@ def _plot(figures: dict, path: Path) -> None:
         for row, metric in enumerate(rows):
             ax, curves = axes[row, column], data["metrics"][metric]
             for arm in ARMS:
-                means = [statistics.fmean(v) for v in curves[arm]]
+                means = [spread(v)["mean"] for v in curves[arm]]
+                means = [math.nan if m is None else m for m in means]
                 ax.plot(curves["steps"], means, marker="o", ms=3, color=colors[arm], label=arm)
                 for s in range(len(curves[arm][0])):
-                    ax.plot(curves["steps"], [v[s] for v in curves[arm]], color=colors[arm], alpha=0.2, lw=0.8)
+                    seed = [math.nan if v[s] is None else v[s] for v in curves[arm]]
+                    ax.plot(curves["steps"], seed, color=colors[arm], alpha=0.2, lw=0.8)
             ax.grid(alpha=0.3)
             if column == 0:
                 ax.set_ylabel(metric)
@@ -253,6 +260,17 @@ def _plot(figures: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def citations(figures: dict) -> dict:
+    """The lines a text may cite, each with its setting, size and seeds: what `pr` reads (it imports no experiment)."""
+    return {
+        "summary": summary_line(figures),
+        **{
+            setting: {m: cite(figures, setting, m) for m in ("teacher-forced", "speculative")}
+            for setting in figures["settings"]
+        },
+    }
+
+
 def run_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -> dict:
     """Run both arms (one process each, at once), write out_dir/figures.json and out_dir/effect.png, return the
     figures. ``trees``: unpatched and patched trees (default: the pinned release and the view)."""
@@ -264,6 +282,7 @@ def run_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -
     payloads = {arm: ranks[0] for arm, ranks in zip(ARMS, launch_all(runs))}
     figures = figures_of(size, trees, payloads)
     figures["wall_seconds"] = time.perf_counter() - started
+    figures["citations"] = citations(figures)
     text = json.dumps(figures, indent=1)
     (out_dir / "figures.json").write_text(text)
     figures = json.loads(text)  # exactly what the file holds (tuples become lists)
@@ -271,8 +290,8 @@ def run_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -
     return figures
 
 
-def _cell(values: list[float]) -> str:
-    return f"{statistics.fmean(values):.3f}"
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _diff(diff: dict | None) -> str:
@@ -298,7 +317,7 @@ def format_tables(figures: dict) -> str:
         lines.append(f"SFT step 1 (same weights and batch in both arms), mean over seeds; MTP targets: {mix}")
         lines.append(f"{'':{width}}  {'unpatched':>10}  {'patched':>10}")
         for role in ROLES:
-            cells = [_cell(one["mtp_ce_by_role"][role][arm]["values"]) for arm in ARMS]
+            cells = [_cell(one["mtp_ce_by_role"][role][arm]["mean"]) for arm in ARMS]
             lines.append(f"{'MTP CE on ' + role + ' targets':{width}}  {cells[0]:>10}  {cells[1]:>10}")
         for label, figure, fmt in STEP_ONE:
             cells = [fmt.format(one[figure][arm]["mean"]) for arm in ARMS]
@@ -314,7 +333,7 @@ def format_tables(figures: dict) -> str:
         for metric in TABLE_METRICS:
             row = data["metrics"][metric]
             final, reach = row["final"], row["to_threshold"]
-            cells = [f"{final[arm]['mean']:.3f}" for arm in ARMS]
+            cells = [_cell(final[arm]["mean"]) for arm in ARMS]
             reached = " / ".join(
                 f"{statistics.fmean(s for s in reach[arm] if s is not None):.0f}"
                 if any(s is not None for s in reach[arm])

@@ -1,4 +1,6 @@
-"""Where `./run effect` keeps its figures, and how they are cited: JSON only, no torch (`pr` reads these).
+"""Where `./run effect` keeps its figures, and how they are cited: JSON only, no torch.
+
+`pr` (the tool imports no experiment) reads figures.json itself and cites its ``citations`` lines as they are.
 
 The figures of a run belong to the patch that was measured: they live in ``.work/effect/<key>/figures.json`` (the
 default short run) and ``.work/effect/<key>/plateau/figures.json`` (``--plateau``), key = ``git hash-object`` of the
@@ -8,6 +10,8 @@ its setting, the run's size and its seeds (``cite``, ``summary_line``).
 figures.json (every number measured in the run):
 
     key, size ("short" | "plateau" | "small"), wall_seconds
+    citations             summary (summary_line: every setting, one line) and <setting>.<metric> (cite) for metric
+                          teacher-forced and speculative: ready to paste, each naming its setting, size and seeds
     plan                  pretrain_steps, sft_steps, seeds, settings, eval_every, eval_steps, eval_batches, batch,
                           pretrain_batch, pretrain_seq, pretrain_lr, sft_lr, new_tokens
     model                 spec, parameters, mtp_num_layers, mtp_loss_scaling_factor
@@ -21,7 +25,7 @@ figures.json (every number measured in the run):
       step_one            SFT step 1, same weights and batch in both arms: mix (share of the MTP depth-1 targets that
                           are prompt / answer / padding), mtp_ce_by_role.<role>.<arm>, and <figure>.<arm> for
                           mtp_1_loss (logged), grad_norm, lm_loss, mtp_loss_mass_on_masked, logged_acceptance;
-                          each a spread {mean, sd, values (one per seed)}
+                          each a spread {mean, sd, n, values (one per seed; null where nothing was counted)}
       metrics.<metric>    metric = one of METRICS; label;
         steps             the evaluation steps; <arm>: per step, one value per seed
         final             at the last step: <arm> spread, paired_diff {mean, sd, values, n, ci95 [low, high]}
@@ -85,18 +89,24 @@ def run_label(figures: dict) -> str:
 
 def interval(diff: dict) -> str:
     """A paired difference as mean [95 % interval] (one seed: no interval)."""
+    if diff["mean"] is None:
+        return "no value"
     if diff["ci95"] is None:
         return f"{diff['mean']:+.3f} (one seed, no interval)"
     low, high = diff["ci95"]
     return f"{diff['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
 
 
+def _mean(spread: dict) -> str:
+    return "no value" if spread["mean"] is None else f"{spread['mean']:.3f} (n={spread['n']})"
+
+
 def cite(figures: dict, setting: str, metric: str = "teacher-forced") -> str:
     """One final figure with its setting, size and seeds: both arms' means and the paired 95 % interval."""
     final = figures["settings"][setting]["metrics"][metric]["final"]
     return (
-        f"{setting} setting, {METRICS[metric]}: unpatched {final['unpatched']['mean']:.3f}, patched "
-        f"{final['patched']['mean']:.3f}, paired difference {interval(final['paired_diff'])} (95 % t-interval over "
+        f"{setting} setting, {METRICS[metric]}: unpatched {_mean(final['unpatched'])}, patched "
+        f"{_mean(final['patched'])}, paired difference {interval(final['paired_diff'])} (95 % t-interval over "
         f"seeds; {run_label(figures)})"
     )
 

@@ -125,6 +125,10 @@ class TestEffectFigures:
             assert name in line and "size small" in line and "seeds 0-0 (n=1)" in line
         summary = cited.summary_line(figures)
         assert "\n" not in summary and "size small" in summary and all(name in summary for name in figures["settings"])
+        assert figures["citations"]["summary"] == summary
+        assert figures["citations"]["padding-only"]["speculative"] == cited.cite(
+            figures, "padding-only", "speculative"
+        )
 
     def test_paired_interval_is_the_t_interval_of_the_differences(self):
         diff = effect.paired([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])  # differences 1, 2, 3: mean 2, sd 1
