@@ -9,13 +9,15 @@ is what `./run effect` measures.
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from experiments import effect
 from experiments import figures as cited
-from mtp_mask_fix.paths import is_gpt_step_of
+from mtp_mask_fix.paths import REPO, is_gpt_step_of
 from mtp_mask_fix.targets import pins, release
 
 
@@ -135,3 +137,15 @@ class TestEffectFigures:
         half = 4.302652729749464 / math.sqrt(3)  # t(0.975, 2 degrees of freedom)
         assert diff["mean"] == 2.0 and diff["n"] == 3
         assert diff["ci95"] == pytest.approx([2.0 - half, 2.0 + half], rel=1e-9)
+
+    def test_the_citing_module_reads_json_without_torch(self):
+        probe = "import sys, experiments.figures; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+        run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+        assert run.stdout == "[]\n"
+
+    def test_the_figures_key_is_the_patch_blob(self):
+        from mtp_mask_fix.git import git
+        from mtp_mask_fix.patch import series
+
+        (patch,) = series()
+        assert cited.patch_key() == git("hash-object", str(patch)).stdout.strip()
