@@ -23,9 +23,10 @@ from experiments.synthetic import ROLES
 from mtp_mask_fix.paths import VIEW
 from mtp_mask_fix.targets import pins, release
 from tests.support.reference import loss_mass_on_masked
-from tests.support.worker import Launch, launch_all
+from tests.support.worker import Launch, Started
 
 
+TIMEOUT_S = {"small": 300, "short": 600, "plateau": 3600}  # an arm still running then is killed (the worker's rule)
 THRESHOLD_FRACTION = 0.9  # steps-to-threshold: first step at this fraction of the seed's better final value
 STEP_ONE = (  # (label, figure, format)
     ("mtp_1 loss (logged)", "mtp_1_loss", "{:.3f}"),
@@ -279,7 +280,7 @@ def run_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -
     trees = trees or {"unpatched": release(pins()["megatron-bridge"]).root, "patched": VIEW}
     started = time.perf_counter()
     runs = [Launch("effect", trees[arm], 1, out_dir / "arms" / arm, ("--size", size)) for arm in ARMS]
-    payloads = {arm: ranks[0] for arm, ranks in zip(ARMS, launch_all(runs))}
+    payloads = {arm: ranks[0] for arm, ranks in zip(ARMS, Started(runs, timeout=TIMEOUT_S[size]).wait())}
     figures = figures_of(size, trees, payloads)
     figures["wall_seconds"] = time.perf_counter() - started
     figures["citations"] = citations(figures)
