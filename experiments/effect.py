@@ -27,7 +27,7 @@ from tests.support.worker import Launch, Started
 
 
 TIMEOUT_S = {"small": 300, "short": 600, "plateau": 3600}  # an arm still running then is killed (the worker's rule)
-THRESHOLD_FRACTION = 0.9  # steps-to-threshold: first step at this fraction of the seed's better final value
+THRESHOLD_FRACTION = 0.9  # steps to threshold: the step from which a metric stays at this share of the better final
 STEP_ONE = (  # (label, figure, format)
     ("mtp_1 loss (logged)", "mtp_1_loss", "{:.3f}"),
     ("grad norm", "grad_norm", "{:.3f}"),
