@@ -3,8 +3,8 @@
 `pr` (the tool imports no experiment) reads figures.json itself and cites its ``citations`` lines as they are.
 
 The figures of a run belong to the patch that was measured: they live in ``.work/effect/<key>/figures.json`` (the
-default short run) and ``.work/effect/<key>/plateau/figures.json`` (``--plateau``), key = ``git hash-object`` of the
-patch (with several patches in the series: the sha1 of their blob hashes, in order). A figure is cited only with
+default short run) and ``.work/effect/<key>/plateau/figures.json`` (``--plateau``), key = pr's ``patch_key`` (the git
+blob hash of the patch's diff; its message does not count), as pr keys its own results. A figure is cited only with
 its setting, the run's size and its seeds (``cite``, ``summary_line``).
 
 figures.json (every number measured in the run):
@@ -36,11 +36,9 @@ figures.json (every number measured in the run):
                           paired_diff over the seeds where both arms reached it (null if fewer than 2)
 """
 
-import hashlib
 import json
 from pathlib import Path
 
-from mtp_mask_fix.patch import series
 from mtp_mask_fix.paths import WORK
 
 
@@ -58,12 +56,11 @@ METRICS = {  # id: what it is (every one over the same held-out batches, at the 
 
 
 def patch_key() -> str:
-    """The measured patch's key: its git blob hash (``git hash-object``), or the sha1 of several in series order."""
-    blobs = []
-    for path in series():
-        data = path.read_bytes()
-        blobs.append(hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
-    return blobs[0] if len(blobs) == 1 else hashlib.sha1(" ".join(blobs).encode()).hexdigest()
+    """The measured patch's key, as pr keys its own results: the git blob hash of the patch's diff."""
+    from mtp_mask_fix import pr
+    from mtp_mask_fix.patch import Patch
+
+    return pr.patch_key(Patch.load())
 
 
 def effect_dir(size: str = "short", key: str | None = None) -> Path:

@@ -17,7 +17,7 @@ import pytest
 
 from experiments import effect
 from experiments import figures as cited
-from mtp_mask_fix.paths import REPO, is_gpt_step_of
+from mtp_mask_fix.paths import REPO, WORK, is_gpt_step_of
 from mtp_mask_fix.targets import pins, release
 
 
@@ -143,9 +143,9 @@ class TestEffectFigures:
         run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
         assert run.stdout == "[]\n"
 
-    def test_the_figures_key_is_the_patch_blob(self):
-        from mtp_mask_fix.git import git
-        from mtp_mask_fix.patch import series
+    def test_the_figures_are_keyed_as_pr_keys_its_results(self):
+        from mtp_mask_fix import pr
+        from mtp_mask_fix.patch import Patch
 
-        (patch,) = series()
-        assert cited.patch_key() == git("hash-object", str(patch)).stdout.strip()
+        assert cited.patch_key() == pr.patch_key(Patch.load())
+        assert cited.effect_dir("plateau").parent == cited.effect_dir() == WORK / "effect" / cited.patch_key()
