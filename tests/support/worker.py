@@ -58,9 +58,10 @@ class Started:
 
     def __init__(self, runs: list[Launch], timeout: float = 600):
         self.runs, self.timeout, self._payloads, self._handles = runs, timeout, None, []
+        here = this_tree()
         for run in runs:
             run.out.mkdir(parents=True, exist_ok=True)
-            if this_tree() is not None and run.tree.resolve() == this_tree().resolve():
+            if here is not None and run.tree.resolve() == here.resolve():
                 self._handles.append(ranks(run.ranks, run.argv()))
             else:
                 log = open(run.out / "worker.log", "w")
