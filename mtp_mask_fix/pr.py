@@ -87,6 +87,14 @@ def _measured(patch: Patch) -> list[dict]:
     return rows
 
 
+def _effect(patch: Patch) -> str:
+    """`./run effect`'s own summary line for this patch, if it ran (it names its settings, size and seeds)."""
+    path = WORK / "effect" / patch_key(patch) / "figures.json"
+    if not path.exists():
+        return ""
+    return f"- What the bug costs a tiny MCore GPTModel with MTP (CPU): {json.loads(path.read_text())['citations']['summary']}.\n"
+
+
 def _comment(name: str, values: dict) -> str:
     return Template((TEMPLATES / name).read_text()).substitute(values)
 
@@ -114,6 +122,7 @@ def render(patch: Patch, co_author: str | None) -> str:
         "tests": patch.added(test_file),
         "subject": patch.subject,
         "co_author": co_author.strip(),
+        "effect": _effect(patch),
         "counts": "; ".join(
             f"at {r['commit'][:9]} with megatron-core {r['megatron_core']}, {r['red'].split('/')[0]} of the new "
             f"cases fail without the fix (by assertion; the others are guards) and {r['green']} tests pass with it"

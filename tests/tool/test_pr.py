@@ -15,7 +15,7 @@ import pytest
 
 from mtp_mask_fix import pr
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import REPO
+from mtp_mask_fix.paths import REPO, WORK
 
 from .conftest import FIXED, UPSTREAM_TEST
 
@@ -140,6 +140,19 @@ class TestPrBody:
         assert "at 012345678 with megatron-core 9.8.7, 3 of the new cases fail" in body and "77/78 tests" in body
         assert body.endswith(f"\n\nCo-authored-by: {AUTHOR}")
         assert not any(word in body.lower() for word in FORK_WORDS)
+
+    def test_cites_this_patchs_effect_summary_only_as_measured(self, run_pr, measured, own_patch, patch):
+        """`./run effect`'s summary line (it names its settings, size and seeds) is cited verbatim, and only the one
+        measured with this patch."""
+        summary = "MTP acceptance after SFT (size short, seeds 0-4): distinct-answers: teacher-forced +0.1 [+0.0, +0.2]"
+        figures = WORK / "effect" / pr.patch_key(own_patch) / "figures.json"
+        figures.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            assert summary not in run_pr("--co-author", AUTHOR).stdout  # none for this patch yet
+            figures.write_text(json.dumps({"citations": {"summary": summary}}))
+            assert f"{summary}.\n" in run_pr("--co-author", AUTHOR).stdout.split("(b) PR body")[1]
+        finally:
+            figures.unlink()
 
     def test_tells_the_submitter_to_put_the_credit_in_the_commit(self, run_pr, measured):
         out = run_pr("--co-author", AUTHOR).stdout
