@@ -2,10 +2,11 @@
 
 A tree is a directory whose `megatron/bridge` is what Python imports when the directory comes first on the
 import path: the one way this repo chooses the code under test (tests, gate, wrong-fix runs, probe).
-Trees are symlink farms of their base; only the files a diff touches are real copies.
+Trees are symlink farms of their base: only the files a diff touches are real copies, and only the directories above
+them are real; every other directory is a link to the base's, so its bytecode cache is the base's too (a farm of real
+directories would recompile all of Megatron-Bridge in every tree).
 """
 
-import os
 import shutil
 from pathlib import Path
 
@@ -30,19 +31,27 @@ def materialise(
     tests, None all, less `leave_out`), applied with git apply -p`strip`, + `rewrite` (path: text)."""
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(base, dest, copy_function=os.symlink, ignore=shutil.ignore_patterns("__pycache__"))
     diff = patch.part(src=src, leave_out=leave_out) if patch else ""
-    touched = patch.paths(src=src) if diff else []
-    for path in [p.split("/", strip - 1)[-1] for p in touched] + list(rewrite or {}):
-        real = dest / path
-        if real.is_symlink():
-            real.unlink()
-            shutil.copyfile(base / path, real)
+    touched = [Path(p.split("/", strip - 1)[-1]) for p in (patch.paths(src=src) if diff else [])]
+    touched += map(Path, rewrite or {})
+    _farm(base, dest, Path(), {parent for path in touched for parent in path.parents}, set(touched))
     if diff and (error := apply_diff(diff, dest, strip=strip)):
         raise ToolError(f"the patch does not apply to {base}: {first_error_line(error)}", Exit.DRIFTED)
     for path, text in (rewrite or {}).items():
         (dest / path).write_text(text)
     return dest
+
+
+def _farm(base: Path, dest: Path, rel: Path, real_dirs: set[Path], copies: set[Path]) -> None:
+    dest.joinpath(rel).mkdir(parents=True)
+    for entry in base.joinpath(rel).iterdir():
+        path = rel / entry.name
+        if path in real_dirs:
+            _farm(base, dest, path, real_dirs, copies)
+        elif path in copies:
+            shutil.copyfile(entry, dest / path)
+        elif entry.name != "__pycache__":
+            (dest / path).symlink_to(entry.resolve())
 
 
 def write_view(patch: Patch | None = None) -> str:
