@@ -18,21 +18,32 @@ MCore's MTP loss falls back to an all-ones mask without it and trains on padding
 the real batch path (get_batch) of every forward step built on ``_forward_step_common``.
 """
 
+import importlib
+
 import pytest
 import torch
 
-import megatron.bridge.models.deepseek.deepseek_v4_step as deepseek_v4_step
 import megatron.bridge.training.gpt_step as gpt_step
 from mtp_mask_fix.probe import make_state
 
 
+def _forward_steps():
+    """Every forward step built on ``_forward_step_common`` that this Megatron-Bridge has (found by import: the
+    DeepSeek-V4 step arrived in 0.6)."""
+    steps = {
+        "gpt_step.forward_step": gpt_step.forward_step,
+        "gpt_step.forward_step_modelopt": gpt_step.forward_step_modelopt,
+    }
+    try:
+        deepseek_v4_step = importlib.import_module("megatron.bridge.models.deepseek.deepseek_v4_step")
+    except ModuleNotFoundError:
+        return steps
+    return steps | {"deepseek_v4_step.forward_step": deepseek_v4_step.forward_step}
+
+
 # Two answer-only SFT samples: prompt, a short answer, padding. Label-aligned, as get_batch returns it.
 LOSS_MASK = [[0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]]
-FORWARD_STEPS = {
-    "gpt_step.forward_step": gpt_step.forward_step,
-    "gpt_step.forward_step_modelopt": gpt_step.forward_step_modelopt,
-    "deepseek_v4_step.forward_step": deepseek_v4_step.forward_step,
-}
+FORWARD_STEPS = _forward_steps()
 
 
 class _Iterator:
@@ -147,7 +158,7 @@ def config(monkeypatch):
     )()
     monkeypatch.setattr("megatron.bridge.training.gpt_step.get_model_config", lambda model: config)
     monkeypatch.setattr("megatron.bridge.training.gpt_step.get_pg_collection", lambda model: _MockPGCollection())
-    for module in ("megatron.bridge.training.gpt_step", "megatron.bridge.models.deepseek.deepseek_v4_step"):
+    for module in {step.__module__ for step in FORWARD_STEPS.values()}:
         monkeypatch.setattr(
             f"{module}.get_batch_on_this_cp_rank",
             lambda batch, is_hybrid_cp=False, cp_group=None, hybrid_cp_group_func=None: batch,
