@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mtp_mask_fix import atomic, check, gate, pr, refresh, targets, trees, verify
+from mtp_mask_fix import atomic, check, targets, verify
 from mtp_mask_fix.errors import Exit, ToolError, exit_help
 from mtp_mask_fix.patch import Patch
 
@@ -68,6 +68,8 @@ def cmd_verify(args) -> tuple[str, Exit]:
 
 
 def cmd_gate(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import gate  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     if args.checkouts_only and not args.checkout:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
@@ -82,6 +84,8 @@ def cmd_gate(args) -> tuple[str, Exit]:
 
 
 def cmd_refresh(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import refresh  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     upstream = targets.checkout(args.upstream)
     return refresh.refresh(upstream, args.rev, python=None if args.no_verify else _python(args)), Exit.OK
 
@@ -96,10 +100,14 @@ def cmd_status(args) -> tuple[str, Exit]:
 
 
 def cmd_pr(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import pr  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
 
 
 def cmd_view(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import trees  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     return trees.write_view(Patch.load(args.patch)), Exit.OK
 
 
