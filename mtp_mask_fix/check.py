@@ -195,7 +195,8 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
                 recovered = recover(target)
             verdict = check(target, patches)
             if verdict.state in (State.APPLIED, State.EQUIVALENT):
-                return f"{recovered}{verdict.target.label}: already fixed ({verdict}); nothing changed", Exit.OK
+                said = verdict.state.value[0].format(detail=verdict.detail)
+                return f"{recovered}{target.label}: already fixed ({said}); nothing changed", Exit.OK
             require(verdict)
             patch = verdict.patch
             diff, scope = diff_for(target, patch)
@@ -282,7 +283,9 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
         raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
     verdict = check(target, patches)
     if verdict.state in (State.APPLIED, State.EQUIVALENT):
-        return f"{target.label}: already fixed ({verdict}); no branch made"
+        return (
+            f"{target.label}: already fixed ({verdict.state.value[0].format(detail=verdict.detail)}); no branch made"
+        )
     require(verdict)
     patch = verdict.patch
     if git("diff", "--quiet", "--", FIXED_FILE, *patch.test_files(), cwd=root, check=False).returncode != 0:
