@@ -51,9 +51,9 @@ class Guard:
         self._old = {}
 
     def _handle(self, signum, frame):
-        self.pending = self.pending or signum
         if not self.depth:
             raise Interrupted(signum)
+        self.pending = self.pending or signum
 
     def __enter__(self) -> "Guard":
         self._old = {sig: signal.signal(sig, self._handle) for sig in SIGNALS}
@@ -72,7 +72,8 @@ class Guard:
         finally:
             self.depth -= 1
         if self.pending and not self.depth:
-            raise Interrupted(self.pending)
+            signum, self.pending = self.pending, None
+            raise Interrupted(signum)
 
 
 def phase(name: str) -> None:

@@ -44,10 +44,13 @@ def cmd_check(args) -> tuple[str, Exit]:
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
-    python = _python(args)
-    if args.branch is not None:
-        check.valid_branch(args.branch)
-    target, patches = _target(args, python), check.candidates(args.patch)
+    try:
+        python = _python(args)
+        if args.branch is not None:
+            check.valid_branch(args.branch)
+        target, patches = _target(args, python), check.candidates(args.patch)
+    except atomic.Interrupted as signalled:
+        raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
     if args.branch is not None:
         return check.make_branch(target, patches, args.branch), Exit.OK
     return check.apply(target, patches, python=None if args.no_verify else python)
