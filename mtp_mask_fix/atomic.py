@@ -20,6 +20,8 @@ import signal
 import time
 from pathlib import Path
 
+from mtp_mask_fix.errors import Exit
+
 
 JOURNAL = ".mtp-mask-fix-journal.json"
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -34,7 +36,7 @@ class Interrupted(BaseException):
 
     @property
     def code(self) -> int:
-        return 128 + self.signum
+        return Exit.interrupted(self.signum)
 
     @property
     def name(self) -> str:

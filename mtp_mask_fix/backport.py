@@ -14,7 +14,9 @@ import tempfile
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.patch import FIXED_FILE, PATCHES, Patch, apply_diff, first_error_line, git
+from mtp_mask_fix.git import apply_diff, first_error_line, git
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import FIXED_FILE, PATCHES
 
 
 # Each backport's folder under patches/ and the release its context is taken from (the line's newest release).

@@ -139,11 +139,6 @@ def require(verdict: Verdict) -> None:
         raise ToolError(str(verdict), verdict.state.code)
 
 
-def _touched(diff: str, strip: int) -> list[str]:
-    """The files a diff changes, relative to the target's root (git apply's -p`strip`)."""
-    return [line[6:].split("/", strip - 1)[-1] for line in diff.splitlines() if line.startswith("+++ b/")]
-
-
 def _writable(root: Path, files: list[str]) -> None:
     """Refuse, before any work, files or folders that cannot be replaced. By permission bits and by trying: root may
     write anything, but a read-only file states intent; a read-only file system refuses even root."""
@@ -200,7 +195,8 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
             require(verdict)
             patch = verdict.patch
             diff, scope = diff_for(target, patch)
-            files = _touched(diff, target.strip)
+            paths = patch.paths(src=None if scope == "source and tests" else True)
+            files = [path.split("/", target.strip - 1)[-1] for path in paths]  # git apply's -p
             _writable(target.root, files)
             before = {rel: (target.root / rel).read_bytes() for rel in files}
             after = _patched(target.root, files, diff, target.strip)

@@ -12,7 +12,7 @@ import tomllib
 from email.parser import Parser
 
 from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.patch import REPO
+from mtp_mask_fix.paths import REPO
 from mtp_mask_fix.targets import metadata_file, pins, release
 
 
