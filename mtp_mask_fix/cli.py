@@ -83,7 +83,7 @@ def cmd_gate(args) -> tuple[str, Exit]:
         first = releases.setdefault(target.root, target)
         if first is not target and version == "latest":
             releases[target.root] = replace(first, label=f"{first.label} = latest")
-    return gate.gate([*releases.values(), *checkouts], Patch.load(args.patch), _python(args))
+    return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), _python(args))
 
 
 def cmd_refresh(args) -> tuple[str, Exit]:
