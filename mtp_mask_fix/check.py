@@ -71,7 +71,8 @@ def name(patch: Patch) -> str:
 
 def diff_for(target: Target, patch: Patch) -> tuple[str, str]:
     """The whole patch where upstream's test files are present (never in a package), else its source hunks; and which."""
-    whole = target.strip == 1 and all((target.root / path).is_file() for path in patch.test_files())
+    tests = patch.test_files()
+    whole = target.strip == 1 and bool(tests) and all((target.root / path).is_file() for path in tests)
     return patch.part(src=None if whole else True), "source and tests" if whole else "source hunks only"
 
 
