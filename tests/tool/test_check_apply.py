@@ -582,3 +582,80 @@ class TestKilled:
         assert {p for p in snapshot(site_packages.root) if before.get(p) != snapshot(site_packages.root)[p]} == {
             str(site_packages.gpt_step)
         }
+
+
+def _python312() -> str | None:
+    """A Python 3.12 (what training containers run), on PATH or under pyenv."""
+    candidates = [
+        shutil.which("python3.12"),
+        *sorted(map(str, Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))),
+    ]
+    for python in filter(None, candidates):
+        if subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"]).returncode == 0:
+            return python
+    return None
+
+
+@pytest.fixture(scope="session")
+def installed_tool():
+    """A Python 3.12 venv (cached in .work/py312-tool) with this checkout pip-installed, not editable, and the pinned
+    release's wheel installed --no-deps (no torch: the tool needs none to check and apply). Reinstalled each session."""
+    from mtp_mask_fix.paths import REPO, WORK
+
+    python = _python312()
+    if python is None:
+        pytest.skip("no Python 3.12 here")
+    venv = WORK / "py312-tool"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check", "install"]
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        subprocess.run([*pip, "setuptools>=64", "unidiff>=0.7"], check=True, capture_output=True)
+    subprocess.run(
+        [*pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(REPO)],
+        check=True,
+        capture_output=True,
+        cwd=venv,
+    )
+    subprocess.run(
+        [*pip, "--no-deps", "--force-reinstall", f"megatron-bridge=={PINNED}"], check=True, capture_output=True
+    )
+    return venv
+
+
+class TestInstalledTool:
+    """In a training environment: pip-installed (not editable), run from anywhere, no TARGET."""
+
+    def test_apply_with_no_arguments_then_again(self, installed_tool, tmp_path, refused, snapshot):
+        tool, python = installed_tool / "bin" / "mtp-mask-fix", str(installed_tool / "bin" / "python")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env["HOME"] = str(tmp_path)  # no downloads or caches of ours
+
+        def run(*args):
+            return subprocess.run([str(tool), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+        site = Path(
+            subprocess.run(
+                [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
+        assert verdict(run("check"), 0).startswith(f"{site}: the patch applies (source hunks only, {PATCH_FILE})")
+        before = snapshot(site / "megatron")
+        # verify needs torch and megatron-core in that interpreter: without them apply rolls back, never exit 0
+        refused(run("apply"), 5, "rolled back", python, "No module named 'torch'")
+        assert snapshot(site / "megatron") == before
+        done = run("apply", "--no-verify")
+        assert (done.returncode, done.stdout, done.stderr) == (
+            0,
+            f"{site}: applied (source hunks only, {PATCH_FILE})\n",
+            "",
+        )
+        patched = snapshot(site / "megatron")
+        again = run("apply", "--no-verify")
+        assert (again.returncode, again.stderr) == (0, "") and "already fixed" in again.stdout
+        assert snapshot(site / "megatron") == patched
+        assert "already applied" in verdict(run("check"), 3)
+        refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
+        assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
