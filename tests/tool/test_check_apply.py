@@ -659,3 +659,51 @@ class TestInstalledTool:
         assert "already applied" in verdict(run("check"), 3)
         refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
         assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
+
+
+class TestReleaseEnvironments:
+    """Each release's tests run with the megatron-core its submodule pins and the transformers its wheel declares."""
+
+    def test_pinned_release_uses_this_environment(self):
+        from mtp_mask_fix.envs import spec
+
+        assert spec(PINNED)[0] == ""
+
+    @pytest.mark.parametrize(
+        ("version", "key"),
+        [
+            ("0.3.0", "core0.16.0-transformers-lt5.0.0"),
+            ("0.4.2", "core0.17.1-transformers-le5.3.0-ge5.0.0"),
+            ("0.5.1", "core0.18.2-transformers-lt5.9.0-ge5.8.1"),
+        ],
+    )
+    def test_older_lines_get_their_own(self, version, key):
+        from mtp_mask_fix.envs import spec
+
+        assert spec(version)[0] == key
+
+    @pytest.mark.skipif(
+        not (os.environ.get("MEGATRON_BRIDGE_GIT") and os.environ.get("MEGATRON_LM_GIT")),
+        reason="set MEGATRON_BRIDGE_GIT and MEGATRON_LM_GIT to clones (bare is fine) to check lines.toml",
+    )
+    def test_lines_toml_is_each_tags_submodule(self):
+        import tomllib
+
+        from mtp_mask_fix.paths import REPO
+
+        table = tomllib.loads((REPO / "requirements" / "lines.toml").read_text())["megatron-core"]
+        bridge, lm = os.environ["MEGATRON_BRIDGE_GIT"], os.environ["MEGATRON_LM_GIT"]
+        for version, core in table.items():
+            tree = subprocess.run(
+                ["git", "-C", bridge, "ls-tree", f"v{version}", "3rdparty/Megatron-LM"], capture_output=True, text=True
+            )
+            if not tree.stdout:  # untagged (0.6.1): its row says why
+                continue
+            info = subprocess.run(
+                ["git", "-C", lm, "show", f"{tree.stdout.split()[2]}:megatron/core/package_info.py"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            parts = dict(re.findall(r"^(MAJOR|MINOR|PATCH) = (\d+)", info, re.M))
+            assert core == f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}", version
