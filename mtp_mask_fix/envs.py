@@ -7,6 +7,7 @@ Releases that share a megatron-core and a transformers requirement share one env
 """
 
 import re
+import subprocess
 import sys
 import tomllib
 from email.parser import Parser
@@ -36,7 +37,21 @@ def core(version: str) -> str:
         return f"=={table[name]}"
     if name == pins()["megatron-bridge"]:
         return f"=={pins()['megatron-core']}"
-    return requirement(name, "megatron-core")
+    return f"=={newest('megatron-core', requirement(name, 'megatron-core'))}"
+
+
+def newest(package: str, allowed: str) -> str:
+    """The newest release of `package` on the package index that `allowed` admits (for Python 3.12, as the releases
+    of Megatron-Bridge and megatron-core declare), so that an environment's key names what it holds."""
+    from packaging.specifiers import SpecifierSet
+
+    index = [sys.executable, "-m", "pip", "index", "versions", package, "--python-version", "3.12"]
+    listed = subprocess.run([*index, "--disable-pip-version-check"], capture_output=True, text=True).stdout
+    found = re.search(r"^Available versions: (.+)$", listed, re.M)
+    versions = list(SpecifierSet(allowed).filter(found.group(1).split(", "))) if found else []
+    if not versions:
+        raise ToolError(f"{package}{allowed}: nothing on the package index")
+    return versions[0]
 
 
 def spec(version: str) -> tuple[str, list[str]]:
