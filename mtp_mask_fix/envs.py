@@ -57,13 +57,14 @@ def newest(package: str, allowed: str) -> str:
 def spec(version: str) -> tuple[str, list[str]]:
     """(key, requirements): "" for the pinned environment (.venv), else a folder name naming the two pins."""
     name = release(version).root.name
-    wanted = [f"megatron-core{core(name)}", f"transformers{requirement(name, 'transformers')}"]
+    # datasets too: resolved with transformers, so that both agree on huggingface-hub (transformers < 5 needs < 1.0).
+    wanted = [f"megatron-core{core(name)}", *(f"{p}{requirement(name, p)}" for p in ("transformers", "datasets"))]
     pinned = f"megatron-core=={pins()['megatron-core']}"
     lock = (REPO / "requirements" / "cpu.lock").read_text()
     locked = re.search(r"^transformers==(\S+)$", lock, re.M).group(1)
     if wanted[0] == pinned and _allows(wanted[1], locked):
         return "", wanted
-    return "-".join(_name(req) for req in wanted), wanted
+    return "-".join(_name(req) for req in wanted[:2]), wanted
 
 
 def _name(requirement: str) -> str:
