@@ -148,6 +148,16 @@ def _expected_mask(*, packed=False):
     return torch.tensor(LOSS_MASK).reshape(1, -1) if packed else torch.tensor(LOSS_MASK)
 
 
+def _set_pp_stage(monkeypatch, *, first, last):
+    """The pipeline stage, as this gpt_step asks for it: its process groups, or (v0.2) megatron-core's parallel_state."""
+    if hasattr(gpt_step, "is_pp_first_stage"):
+        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_first_stage", lambda pg: first)
+        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_last_stage", lambda pg: last)
+    else:
+        monkeypatch.setattr(gpt_step.parallel_state, "is_pipeline_first_stage", lambda *args, **kwargs: first)
+        monkeypatch.setattr(gpt_step.parallel_state, "is_pipeline_last_stage", lambda *args, **kwargs: last)
+
+
 @pytest.fixture
 def config(monkeypatch):
     """A single-rank, last-pipeline-stage model with one MTP layer."""
@@ -157,7 +167,9 @@ def config(monkeypatch):
         {"is_hybrid_model": False, "mtp_num_layers": 1, "overlap_moe_expert_parallel_comm": False, "seq_length": 8},
     )()
     monkeypatch.setattr("megatron.bridge.training.gpt_step.get_model_config", lambda model: config)
-    monkeypatch.setattr("megatron.bridge.training.gpt_step.get_pg_collection", lambda model: _MockPGCollection())
+    if hasattr(gpt_step, "get_pg_collection"):
+        monkeypatch.setattr("megatron.bridge.training.gpt_step.get_pg_collection", lambda model: _MockPGCollection())
+    _set_pp_stage(monkeypatch, first=True, last=True)
     for module in {step.__module__ for step in FORWARD_STEPS.values()}:
         monkeypatch.setattr(
             f"{module}.get_batch_on_this_cp_rank",
@@ -201,8 +213,7 @@ class TestModelWithMtpReceivesLossMask:
 
     @pytest.mark.parametrize("is_first", [True, False], ids=["first_pp_stage", "middle_pp_stage"])
     def test_stage_without_labels_passes_no_mask(self, monkeypatch, config, is_first):
-        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_first_stage", lambda pg: is_first)
-        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_last_stage", lambda pg: False)
+        _set_pp_stage(monkeypatch, first=is_first, last=False)
         model = _RecordingModel()
 
         gpt_step.forward_step(make_state(attention_mask_from_dataset=False), _Iterator(_sft_batch()), model)
