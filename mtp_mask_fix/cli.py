@@ -4,13 +4,14 @@ Each cmd_* returns what it prints and its exit code.
 """
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from mtp_mask_fix import check, gate, pr, refresh, targets, trees, verify
+from mtp_mask_fix import atomic, check, targets, verify
 from mtp_mask_fix.errors import Exit, ToolError, exit_help
 from mtp_mask_fix.patch import Patch
 
@@ -25,33 +26,53 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _python(args) -> str:
-    if shutil.which(args.python) is None:
+    """--python as an absolute path (default: this interpreter), so that every "verified" line names it."""
+    found = shutil.which(args.python)
+    if found is None:
         raise ToolError(f"--python {args.python}: no such interpreter")
-    return args.python
+    return os.path.abspath(found)
+
+
+def _target(args, python: str) -> targets.Target:
+    """TARGET as given, or the Megatron-Bridge that `python` imports (the training environment's own)."""
+    return targets.resolve(args.target or str(verify.imported_by(python)))
 
 
 def cmd_check(args) -> tuple[str, Exit]:
-    verdict = check.check(targets.resolve(args.target), Patch.load(args.patch))
+    verdict = check.check(_target(args, _python(args)), check.candidates(args.patch))
     return str(verdict), verdict.state.code
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
-    target, patch = targets.resolve(args.target), Patch.load(args.patch)
-    if args.branch:
-        return check.make_branch(target, patch, args.branch), Exit.OK
-    return check.apply(target, patch, python=None if args.no_verify else _python(args)), Exit.OK
+    try:
+        python = _python(args)
+        if args.branch is not None:
+            check.valid_branch(args.branch)
+        target, patches = _target(args, python), check.candidates(args.patch)
+    except atomic.Interrupted as signalled:
+        raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
+    if args.branch is not None:
+        return check.make_branch(target, patches, args.branch), Exit.OK
+    return check.apply(target, patches, python=None if args.no_verify else python)
 
 
 def cmd_verify(args) -> tuple[str, Exit]:
     python = _python(args)
-    target = targets.resolve(args.target or str(verify.imported_by(python)))
+    target = _target(args, python)
+    if (entries := atomic.read_journal(target.root)) is not None:
+        left = atomic.describe(target.root, entries)
+        raise ToolError(
+            f"{target.label}: an interrupted apply left {atomic.JOURNAL} ({left}); run `apply`", Exit.FAILED
+        )
     found = verify.verify(target, python)
     if not found.delivered:
-        raise ToolError(f"{target.label}: {found.reason}", Exit.FAILED)
-    return f"{target.label}: {found.reason}", Exit.OK
+        raise ToolError(f"{target.label}: not verified with {python}: {found.reason}", Exit.FAILED)
+    return f"{target.label}: verified with {python}: {found.reason}", Exit.OK
 
 
 def cmd_gate(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import gate  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     if args.checkouts_only and not args.checkout:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
@@ -62,10 +83,12 @@ def cmd_gate(args) -> tuple[str, Exit]:
         first = releases.setdefault(target.root, target)
         if first is not target and version == "latest":
             releases[target.root] = replace(first, label=f"{first.label} = latest")
-    return gate.gate([*releases.values(), *checkouts], Patch.load(args.patch), _python(args))
+    return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), _python(args))
 
 
 def cmd_refresh(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import refresh  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     upstream = targets.checkout(args.upstream)
     return refresh.refresh(upstream, args.rev, python=None if args.no_verify else _python(args)), Exit.OK
 
@@ -80,10 +103,14 @@ def cmd_status(args) -> tuple[str, Exit]:
 
 
 def cmd_pr(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import pr  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
 
 
 def cmd_view(args) -> tuple[str, Exit]:
+    from mtp_mask_fix import trees  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+
     return trees.write_view(Patch.load(args.patch)), Exit.OK
 
 
@@ -109,11 +136,11 @@ def build_parser() -> argparse.ArgumentParser:
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
     tests = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
     pinned = f"{RELEASE} (default: the pin)"
-    command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", pinned)
-    p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", "required", trains)
+    imported = f"{RELEASE} (default: the Megatron-Bridge that --python imports)"
+    command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", imported, trains)
+    p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", imported, trains)
     p.add_argument("--branch", help="git checkouts: make this branch with `git am -s` (your sign-off)")
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
-    imported = f"{RELEASE} (default: what --python imports)"
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", imported, trains)
     p = command(cmd_gate, "red/green on base and patched trees of each target; non-zero unless it holds", None, tests)
     p.add_argument("--release", action="append", help=f"{RELEASE}; repeatable (default: the pin and `latest`)")
@@ -137,8 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr for any refusal, and its exit code."""
     try:
-        args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-        text, code = args.func(args)
+        with atomic.Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply rolls back first)
+            args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+            text, code = args.func(args)
         print(text, end="\n" if text else "")
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
@@ -148,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         reason = stderr.strip().splitlines() or [f"exit {exc.returncode}"]
         print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
         code = Exit.FAILED
-    except KeyboardInterrupt:
-        code = Exit.USAGE
+    except atomic.Interrupted as exc:
+        print(f"mtp-mask-fix: error: interrupted by {exc.name}", file=sys.stderr)
+        code = exc.code
     sys.exit(int(code))

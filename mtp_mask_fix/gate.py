@@ -191,11 +191,13 @@ def evaluate(rows: list[Row], python: str, patch: Patch) -> None:
         path.write_text(json.dumps({"patch": pr.patch_key(patch), "checkouts": kept + held}, indent=1) + "\n")
 
 
-def gate(targets: list[Target], patch: Patch, python: str = sys.executable) -> tuple[str, Exit]:
-    """Each target's state (on stderr), every tree's tests, then the table and the worst verdict's exit code."""
+def gate(targets: list[Target], patches: list[Patch], python: str = sys.executable) -> tuple[str, Exit]:
+    """Each target's state (on stderr), every tree's tests, then the table and the worst verdict's exit code. Each
+    target is gated with the patch that fits it (the carried one, or its backport for an older line)."""
     start, rows = time.monotonic(), []
     for target in targets:
-        verdict = check(target, patch)
+        verdict = check(target, patches)
+        patch = verdict.patch
         print(f"[gate] {verdict}", file=sys.stderr)
         if verdict.state != State.APPLIES:
             standing = Verdict.RETIRE if verdict.state.code == Exit.ALREADY_APPLIED else Verdict.DRIFTED

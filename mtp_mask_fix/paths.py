@@ -1,12 +1,17 @@
 """Every path and name the tool and its tests share, stated once."""
 
+import importlib.resources
 import os
 from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[1]  # this repo's checkout (the clone-only verbs: view, gate, refresh, pr)
-PATCHES = REPO / "patches"
-WORK = REPO / ".work"  # downloads and outputs, git-ignored
+# The patch files travel as package data: mtp_mask_fix/patches is a link to patches/ in a checkout and a copy of it
+# in an installed tool (pyproject's package-data), so both read them from the package.
+PATCHES = Path(str(importlib.resources.files("mtp_mask_fix") / "patches"))
+CHECKOUT = (REPO / "pyproject.toml").is_file() and (REPO / "patches").is_dir()  # not an installed tool
+# Downloads and outputs: .work/ in a checkout (git-ignored), the user's cache for an installed tool.
+WORK = REPO / ".work" if CHECKOUT else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtp-mask-fix"
 VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
 PINS = REPO / "requirements" / "megatron.txt"  # the pinned release and this environment's megatron-core
 

@@ -96,7 +96,7 @@ def is_git_top(root: Path) -> bool:
 def release(version: str) -> Target:
     """Any release's wheel (`latest`: the newest, not yanked, not a pre-release), unpacked once into .work/pypi/."""
     root = WORK / "pypi" / version
-    if version == "latest" or not (root / PACKAGE).is_dir():
+    if version == "latest" or not (root / PACKAGE).is_dir() or not metadata_file(root):
         root = _download(version)
     return Target(
         f"megatron-bridge=={root.name} (PyPI{', latest' if version == 'latest' else ''})", root, Kind.RELEASE
@@ -117,10 +117,17 @@ def _download(version: str) -> Path:
             reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1].removeprefix("ERROR: ")
             raise ToolError(f"megatron-bridge {version}: not on the package index or not downloadable ({reason})")
         root = WORK / "pypi" / wheels[0].name.split("-")[1]
-        if not (root / PACKAGE).is_dir():
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                wheel.extractall(
-                    Path(tmp) / "site", [name for name in wheel.namelist() if name.startswith("megatron/")]
-                )
-            shutil.move(str(Path(tmp) / "site"), root)  # one rename: a half-unpacked release is never left behind
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            # Its package and its METADATA (the pins that choose the release's test environment, see envs.py).
+            names = [n for n in wheel.namelist() if n.startswith("megatron/") or n.endswith(".dist-info/METADATA")]
+            if not (root / PACKAGE).is_dir():
+                wheel.extractall(Path(tmp) / "site", names)
+                shutil.move(str(Path(tmp) / "site"), root)  # one rename: never a half-unpacked release
+            elif not metadata_file(root):  # unpacked by an older version of the tool
+                wheel.extractall(root, [n for n in names if n.endswith("METADATA")])
     return root
+
+
+def metadata_file(root: Path) -> Path | None:
+    """A downloaded release's wheel METADATA (its Requires-Dist and Requires-Python), if unpacked."""
+    return next(iter(root.glob("*.dist-info/METADATA")), None)

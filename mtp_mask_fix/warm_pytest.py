@@ -8,6 +8,7 @@ modelopt) is the same for every tree, and importing it is most of a session's st
 """
 
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -33,7 +34,8 @@ def main() -> None:
     jobs = spec["jobs"]
     parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
     for module in ["pytest", *spec["warm"]]:
-        importlib.import_module(module)
+        if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):  # megatron-core < 0.17
+            importlib.import_module(module)  # has no megatron.training: what the environment lacks is not warmed
     pending, running = list(jobs), 0
     while pending or running:
         while pending and running < parallel:

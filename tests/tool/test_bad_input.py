@@ -94,7 +94,7 @@ class TestDirtyTarget:
     def test_conflicting_local_change(self, cli, edit, refused, snapshot, checkout):
         edit(checkout, checkout.gpt_step, *REGION_EDIT, commit=False)
         before = snapshot(checkout.root)
-        refused(cli("apply", "--no-verify", checkout.root), 4, "local changes")
+        refused(cli("apply", "--no-verify", checkout.root), 2, "local changes")
         assert snapshot(checkout.root) == before
 
     def test_conflicting_local_change_with_branch(self, cli, edit, git, refused, snapshot, checkout):
@@ -102,7 +102,7 @@ class TestDirtyTarget:
         git(checkout.root, "config", "user.email", "ada@example.org")
         edit(checkout, checkout.gpt_step, *REGION_EDIT, commit=False)
         before = snapshot(checkout.root)
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 4, "local changes")
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "local changes")
         assert snapshot(checkout.root) == before
 
     def test_conflicting_change_in_a_tree_without_git(self, cli, edit, refused, snapshot, source_tree):
@@ -213,7 +213,6 @@ class TestBadCommandLine:
         [
             (["frobnicate"], ["invalid choice: 'frobnicate'"]),
             ([], ["required: command"]),
-            (["apply"], ["required: target"]),
             (["refresh"], ["required: --upstream"]),
             (["check", "--frobnicate"], ["unrecognized arguments: --frobnicate"]),
             (["--patch"], ["expected one argument"]),
@@ -221,7 +220,6 @@ class TestBadCommandLine:
         ids=[
             "unknown-subcommand",
             "no-subcommand",
-            "apply-without-target",
             "refresh-without-upstream",
             "unknown-option",
             "option-without-value",
@@ -232,3 +230,36 @@ class TestBadCommandLine:
         line = refused(cli(*argv), 2, *words)
         assert "(see mtp-mask-fix" in line
         assert snapshot(tmp_path, PATCHES) == before
+
+
+class TestBadBranch:
+    """An empty or invalid branch name is refused before any work (`git check-ref-format --branch`)."""
+
+    @pytest.mark.parametrize("name", ["", "bad..name", "-x", "a b", "ends.lock"], ids=repr)
+    def test_refused_first(self, cli, git, refused, snapshot, checkout, name):
+        git(checkout.root, "config", "user.name", "Ada Submitter")
+        git(checkout.root, "config", "user.email", "ada@example.org")
+        branches = git(checkout.root, "branch")
+        before = snapshot(checkout.root)
+        refused(cli("apply", f"--branch={name}", checkout.root), 2, "not a valid branch name")
+        assert snapshot(checkout.root) == before
+        assert git(checkout.root, "branch") == branches
+
+
+class TestNotWritable:
+    def test_read_only_directory(self, cli, refused, snapshot, site_packages):
+        """The file is replaced by a rename in its folder: a read-only folder is refused before any work."""
+        folder = site_packages.gpt_step.parent
+        folder.chmod(0o555)
+        try:
+            before = snapshot(site_packages.root)
+            refused(cli("apply", "--no-verify", site_packages.root), 2, "read-only")
+            assert snapshot(site_packages.root) == before
+        finally:
+            folder.chmod(0o755)
+
+    def test_verify_without_torch_is_never_0(self, cli, refused, tmp_path, site_packages):
+        python = tmp_path / "python-without-torch"
+        python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
+        python.chmod(0o755)
+        refused(cli("verify", "--python", python, site_packages.root), 5, f"not verified with {python}", "torch")

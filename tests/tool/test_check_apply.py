@@ -3,8 +3,10 @@
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,6 +16,10 @@ from unidiff import PatchSet
 from mtp_mask_fix.check import fix_present
 
 from .conftest import FIXED, PINNED, SUBMITTER, UPSTREAM_TEST, Tree
+
+
+PATCH_FILE = "patches/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
+BACKPORT_FILE = "patches/0.2-0.5/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
 
 
 CONTEXT = '        "attention_mask": attention_mask,\n'  # a context line of the source hunk
@@ -86,9 +92,13 @@ class TestCheckStates:
         line = verdict(cli("check", version), 0)
         assert line.startswith(f"megatron-bridge=={version} (PyPI): the patch applies (source hunks only")
 
-    def test_default_target_is_the_pinned_release(self, cli):
-        line = verdict(cli("check"), 0)
-        assert line.startswith(f"megatron-bridge=={PINNED} (PyPI): the patch applies")
+    def test_default_target_is_what_the_interpreter_imports(self, cli, tool_env, site_packages):
+        path = os.pathsep.join(filter(None, [str(site_packages.root), tool_env.get("PYTHONPATH")]))
+        line = verdict(cli("check", env=dict(tool_env, PYTHONPATH=path)), 0)
+        assert line.startswith(f"{site_packages.root}: the patch applies")
+
+    def test_no_target_and_no_megatron_bridge_is_refused(self, cli, refused):
+        refused(cli("check"), 2, "imports no megatron.bridge", sys.executable)
 
 
 class TestEntryPoints:
@@ -129,7 +139,7 @@ class TestNestedTree:
         return Tree(tree, "tree")
 
     def test_check_apply_check(self, cli, vendored, patched_gpt_step):
-        assert "the patch applies (source and tests)" in verdict(cli("check", vendored.root), 0)
+        assert f"the patch applies (source and tests, {PATCH_FILE})" in verdict(cli("check", vendored.root), 0)
         assert cli("apply", "--no-verify", vendored.root).returncode == 0
         assert vendored.gpt_step.read_text() == patched_gpt_step
         assert "def test_forward_common_passes_loss_mask_to_mtp_model(" in vendored.upstream_test.read_text()
@@ -175,7 +185,7 @@ class TestApplyGitCheckout:
         head = git(checkout.root, "rev-parse", "HEAD")
         result = cli("apply", "--no-verify", checkout.root)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == f"{checkout.root}: applied (source and tests)"
+        assert result.stdout.strip() == f"{checkout.root}: applied (source and tests, {PATCH_FILE})"
         assert git(checkout.root, "rev-parse", "HEAD") == head  # nothing committed
         assert git(checkout.root, "status", "--porcelain") == f" M {FIXED}\n M {UPSTREAM_TEST}\n"
         assert changed_lines(PatchSet(git(checkout.root, "diff"))) == hunk_parts(patch, src_only=False)
@@ -190,16 +200,21 @@ class TestApplyGitCheckout:
     def test_local_change_in_the_region_blocks(self, cli, edit, refused, snapshot, checkout):
         edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT, commit=False)
         before = snapshot(checkout.root)
-        line = refused(cli("apply", "--no-verify", checkout.root), 4, "local changes")
+        line = refused(cli("apply", "--no-verify", checkout.root), 2, "local changes")
         assert "commit or stash" in line
         assert snapshot(checkout.root) == before
         # check says the same, as a verdict
-        assert "local changes in the patch's region" in verdict(cli("check", checkout.root), 4)
+        assert "local changes in the patch's region" in verdict(cli("check", checkout.root), 2)
 
-    def test_refuses_when_already_applied(self, cli, refused, snapshot, checkout):
+    def test_again_when_already_fixed_changes_nothing_and_exits_0(self, cli, snapshot, checkout):
         assert cli("apply", "--no-verify", checkout.root).returncode == 0
         before = snapshot(checkout.root)
-        refused(cli("apply", "--no-verify", checkout.root), 3, "already applied")
+        result = cli("apply", "--no-verify", checkout.root)
+        assert (result.returncode, result.stderr) == (0, "")
+        assert (
+            result.stdout
+            == f"{checkout.root}: already fixed (already applied ({PATCH_FILE}); nothing to do); nothing changed\n"
+        )
         assert snapshot(checkout.root) == before
 
     def test_refuses_when_drifted(self, cli, edit, refused, snapshot, checkout):
@@ -243,7 +258,7 @@ class TestApplyBranch:
         """`git am` needs touched files to match the index: a clean one-line refusal, nothing left behind."""
         edit(checkout, checkout.gpt_step, FAR_FROM_HUNK, "import logging  # local note\n", commit=False)
         branches = git(checkout.root, "branch")
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 4)
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "uncommitted changes")
         assert git(checkout.root, "branch") == branches
         assert git(checkout.root, "status", "--porcelain") == f" M {FIXED}\n"
         assert "# local note" in checkout.gpt_step.read_text()
@@ -255,7 +270,7 @@ class TestApplyBranch:
         hook.write_text("#!/bin/sh\nexit 1\n")
         hook.chmod(0o755)
         head = git(checkout.root, "rev-parse", "HEAD")
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 4)
+        refused(cli("apply", "--branch", "fix-6103", checkout.root), 5, "git am failed")
         assert git(checkout.root, "branch", "--list", "fix-6103") == ""
         assert git(checkout.root, "branch", "--show-current") == ""  # still detached
         assert git(checkout.root, "rev-parse", "HEAD") == head
@@ -282,9 +297,11 @@ class TestApplyBranch:
         refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "already exists")
         assert snapshot(checkout.root) == before
 
-    def test_branch_refused_when_already_applied(self, cli, git, refused, checkout, submitter):
+    def test_branch_when_already_fixed_exits_0_and_makes_none(self, cli, git, checkout, submitter):
         assert cli("apply", "--branch", "fix-6103", checkout.root).returncode == 0
-        refused(cli("apply", "--branch", "again", checkout.root), 3, "already applied")
+        result = cli("apply", "--branch", "again", checkout.root)
+        assert (result.returncode, result.stderr) == (0, "")
+        assert "already fixed" in result.stdout and "no branch made" in result.stdout
         assert "again" not in git(checkout.root, "branch")
 
 
@@ -296,7 +313,8 @@ class TestApplySitePackages:
         result = cli("apply", full_release_copy.root)  # runs the behaviour probe (~10 s)
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == (
-            f"{full_release_copy.root}: applied (source hunks only); verified: the model receives loss_mask"
+            f"{full_release_copy.root}: applied (source hunks only, {PATCH_FILE}); verified with {sys.executable}: "
+            "the model receives the batch's loss_mask with MTP on"
         )
         after = snapshot(full_release_copy.root)
         assert {path for path in after if before.get(path) != after[path]} == {str(full_release_copy.gpt_step)}
@@ -380,12 +398,17 @@ class TestVerify:
     """verify judges by behaviour: the probe runs the target's own forward_step under the training interpreter."""
 
     def test_unpatched_fails(self, verified, refused):
-        refused(verified["unpatched"][1], 5, "received no loss_mask with MTP on")
+        refused(
+            verified["unpatched"][1], 5, f"not verified with {sys.executable}", "received no loss_mask with MTP on"
+        )
 
     def test_passes_after_apply(self, verified):
         root, result, _ = verified["patched"]
         assert (result.returncode, result.stderr) == (0, "")
-        assert result.stdout == f"{root}: the model receives the batch's loss_mask with MTP on\n"
+        assert (
+            result.stdout
+            == f"{root}: verified with {sys.executable}: the model receives the batch's loss_mask with MTP on\n"
+        )
 
     @pytest.mark.parametrize("case", ["always, as #6105", "a copy"])
     def test_an_equivalent_fix_that_is_not_this_patch_passes(self, verified, case):
@@ -404,3 +427,283 @@ class TestVerify:
         python.chmod(0o755)
         line = refused(cli("verify", "--python", python, site_packages.root), 5, "No module named 'torch'")
         assert "pass --python" in line
+
+
+# Every PyPI release since MTP arrived (0.6.1 is yanked but still downloadable), and the file that fixes it.
+RELEASES = {version: BACKPORT_FILE for version in ("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1")}
+RELEASES |= {version: PATCH_FILE for version in ("0.6.0", "0.6.1", "0.6.2")}
+
+
+class TestReleaseLines:
+    """Every release line with the bug: check picks the patch file that fits it (README's table), apply works."""
+
+    @pytest.mark.parametrize("version", RELEASES)
+    def test_check_names_the_file_that_applies(self, cli, version):
+        line = verdict(cli("check", version), 0)
+        assert line == (
+            f"megatron-bridge=={version} (PyPI): the patch applies (source hunks only, {RELEASES[version]}); "
+            "the bug is present"
+        )
+
+    def test_pinned_release_is_one_of_them(self):
+        assert PINNED in RELEASES
+
+    @pytest.mark.parametrize("version", ["0.3.0", "0.5.1"])
+    def test_apply_then_again_on_an_older_line(self, cli, tmp_path, release_root, version):
+        copy = tmp_path / "site-packages"
+        shutil.copytree(release_root(version) / "megatron", copy / "megatron")
+        result = cli("apply", "--no-verify", copy)
+        assert result.stdout == f"{copy}: applied (source hunks only, {BACKPORT_FILE})\n", result.stderr
+        assert fix_present((copy / FIXED.removeprefix("src/")).read_text())
+        assert "already applied" in verdict(cli("check", copy), 3)
+        assert cli("apply", "--no-verify", copy).returncode == 0
+
+    def test_readme_names_each_file(self, repo_file):
+        readme = repo_file("README.md").decode()
+        for name in set(RELEASES.values()):
+            assert f"`{name}`" in readme
+
+
+@pytest.fixture
+def release_root():
+    from mtp_mask_fix.targets import release
+
+    return lambda version: release(version).root
+
+
+class TestBackport:
+    """The backport is derived from the carried patch, never edited: a drift guard."""
+
+    def test_committed_backport_equals_its_derivation(self, patch, repo_file):
+        from mtp_mask_fix import backport
+
+        for line in backport.LINES:
+            committed = backport.path(line, patch).read_text()
+            assert committed == backport.derive_for(line, patch), f"run `python -m mtp_mask_fix.backport` ({line})"
+
+    def test_same_added_lines_as_the_carried_patch(self, patch):
+        from mtp_mask_fix import backport
+        from mtp_mask_fix.patch import Patch
+
+        for path in backport.backports(patch):
+            assert hunk_parts(Patch.load(path), src_only=True) == hunk_parts(patch, src_only=True)
+
+
+def fake_python(tmp_path: Path, name: str, body: str) -> Path:
+    script = tmp_path / name
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture
+def probe_ok(tmp_path):
+    """An interpreter whose probe finds the fix at once (the behaviour probe itself is tested in TestVerify)."""
+
+    def make(root: Path) -> Path:
+        found = f'{{"file": "{root}/megatron/bridge/training/gpt_step.py", "delivered": true, "reason": "fake probe"}}'
+        return fake_python(tmp_path, "python-ok", f"echo '{found}'")
+
+    return make
+
+
+def start_paused(tool_env, tmp_path, phase, *args):
+    """Start `apply ARGS` and wait until it pauses at `phase` (MTP_MASK_FIX_PAUSE); returns the process."""
+    marker = tmp_path / f"paused-{phase}"
+    env = dict(tool_env, MTP_MASK_FIX_PAUSE=f"{phase}:{marker}")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mtp_mask_fix", "apply", *map(str, args)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(600):
+        if marker.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()
+    return proc
+
+
+ROLLED_BACK = {"checked": "nothing changed", "journaled": "rolled back", "replaced": "rolled back"}
+ROLLED_BACK |= {"verifying": "rolled back", "verified": "rolled back"}
+INT, TERM, HUP = signal.SIGINT, signal.SIGTERM, signal.SIGHUP
+# Each phase once, each signal at several phases, all three where the files are patched but not yet verified.
+SIGNAL_CASES = [("checked", INT), ("journaled", TERM), ("replaced", INT), ("replaced", TERM), ("replaced", HUP)]
+SIGNAL_CASES += [("verifying", TERM), ("verified", HUP), ("done", INT), ("done", TERM)]
+
+
+class TestSignals:
+    """SIGINT, SIGTERM, SIGHUP at each phase of apply: bytes as before (or patched and verified once it has
+    finished), one line saying which, exit 128+n, no journal left."""
+
+    @pytest.mark.parametrize(("phase", "signum"), SIGNAL_CASES, ids=[f"{p}-{s.name}" for p, s in SIGNAL_CASES])
+    def test_signal_at_each_phase(self, tool_env, tmp_path, snapshot, probe_ok, site_packages, phase, signum):
+        before = snapshot(site_packages.root)
+        if phase == "verifying":  # the probe is running: an interpreter that says so, then takes its time
+            python = fake_python(tmp_path, "python-slow", f"touch {tmp_path}/paused-verifying; exec sleep 60")
+            proc = start_paused(tool_env, tmp_path, "verifying", "--python", python, site_packages.root)
+        else:
+            proc = start_paused(
+                tool_env, tmp_path, phase, "--python", probe_ok(site_packages.root), site_packages.root
+            )
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signum, (out, err)
+        assert out == "" and len(err.splitlines()) == 1 and f"interrupted by {signum.name}" in err
+        after = snapshot(site_packages.root)
+        if phase == "done":
+            assert "the apply had finished: patched and verified" in err
+            assert {p for p in after if before.get(p) != after[p]} == {str(site_packages.gpt_step)}
+        else:
+            assert ROLLED_BACK[phase] in err
+            assert after == before
+
+
+class TestKilled:
+    """kill -9 mid-apply: the journal makes the next check and verify tell the truth, and the next apply recovers."""
+
+    @pytest.mark.parametrize(("phase", "state"), [("journaled", "as before"), ("replaced", "patched, not verified")])
+    def test_check_verify_then_apply(self, cli, tool_env, tmp_path, refused, snapshot, site_packages, phase, state):
+        before = snapshot(site_packages.root)
+        proc = start_paused(tool_env, tmp_path, phase, "--no-verify", site_packages.root)
+        proc.kill()
+        proc.communicate()
+        line = verdict(cli("check", site_packages.root), 5)
+        assert "an interrupted apply left .mtp-mask-fix-journal.json" in line
+        assert f"megatron/bridge/training/gpt_step.py {state}" in line
+        refused(cli("verify", site_packages.root), 5, "an interrupted apply left")
+        result = cli("apply", "--no-verify", site_packages.root)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"{site_packages.root}: restored the files an interrupted apply left")
+        assert "already applied" in verdict(cli("check", site_packages.root), 3)
+        assert {p for p in snapshot(site_packages.root) if before.get(p) != snapshot(site_packages.root)[p]} == {
+            str(site_packages.gpt_step)
+        }
+
+
+def _python312() -> str | None:
+    """A Python 3.12 (what training containers run), on PATH or under pyenv."""
+    candidates = [
+        shutil.which("python3.12"),
+        *sorted(map(str, Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))),
+    ]
+    for python in filter(None, candidates):
+        if subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"]).returncode == 0:
+            return python
+    return None
+
+
+@pytest.fixture(scope="session")
+def installed_tool():
+    """A Python 3.12 venv (cached in .work/py312-tool) with this checkout pip-installed, not editable, and the pinned
+    release's wheel installed --no-deps (no torch: the tool needs none to check and apply). Reinstalled each session."""
+    from mtp_mask_fix.paths import REPO, WORK
+
+    python = _python312()
+    if python is None:
+        pytest.skip("no Python 3.12 here")
+    venv = WORK / "py312-tool"
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check", "install"]
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([python, "-m", "venv", str(venv)], check=True)
+        subprocess.run([*pip, "setuptools>=64", "unidiff>=0.7"], check=True, capture_output=True)
+    subprocess.run(
+        [*pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(REPO)],
+        check=True,
+        capture_output=True,
+        cwd=venv,
+    )
+    subprocess.run(
+        [*pip, "--no-deps", "--force-reinstall", f"megatron-bridge=={PINNED}"], check=True, capture_output=True
+    )
+    return venv
+
+
+class TestInstalledTool:
+    """In a training environment: pip-installed (not editable), run from anywhere, no TARGET."""
+
+    def test_apply_with_no_arguments_then_again(self, installed_tool, tmp_path, refused, snapshot):
+        tool, python = installed_tool / "bin" / "mtp-mask-fix", str(installed_tool / "bin" / "python")
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env["HOME"] = str(tmp_path)  # no downloads or caches of ours
+
+        def run(*args):
+            return subprocess.run([str(tool), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+        site = Path(
+            subprocess.run(
+                [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        )
+        assert verdict(run("check"), 0).startswith(f"{site}: the patch applies (source hunks only, {PATCH_FILE})")
+        before = snapshot(site / "megatron")
+        # verify needs torch and megatron-core in that interpreter: without them apply rolls back, never exit 0
+        refused(run("apply"), 5, "rolled back", python, "No module named 'torch'")
+        assert snapshot(site / "megatron") == before
+        done = run("apply", "--no-verify")
+        assert (done.returncode, done.stdout, done.stderr) == (
+            0,
+            f"{site}: applied (source hunks only, {PATCH_FILE})\n",
+            "",
+        )
+        patched = snapshot(site / "megatron")
+        again = run("apply", "--no-verify")
+        assert (again.returncode, again.stderr) == (0, "") and "already fixed" in again.stdout
+        assert snapshot(site / "megatron") == patched
+        assert "already applied" in verdict(run("check"), 3)
+        refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
+        assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
+
+
+class TestReleaseEnvironments:
+    """Each release's tests run with the megatron-core its submodule pins and the transformers its wheel declares."""
+
+    def test_pinned_release_uses_this_environment(self):
+        from mtp_mask_fix.envs import spec
+
+        assert spec(PINNED)[0] == ""
+
+    @pytest.mark.parametrize(
+        ("version", "key"),
+        [
+            ("0.3.0", "core0.16.0-transformers-lt5.0.0"),
+            ("0.4.2", "core0.17.1-transformers-le5.3.0-ge5.0.0"),
+            ("0.5.1", "core0.18.2-transformers-lt5.9.0-ge5.8.1"),
+        ],
+    )
+    def test_older_lines_get_their_own(self, version, key):
+        from mtp_mask_fix.envs import spec
+
+        assert spec(version)[0] == key
+
+    @pytest.mark.skipif(
+        not (os.environ.get("MEGATRON_BRIDGE_GIT") and os.environ.get("MEGATRON_LM_GIT")),
+        reason="set MEGATRON_BRIDGE_GIT and MEGATRON_LM_GIT to clones (bare is fine) to check lines.toml",
+    )
+    def test_lines_toml_is_each_tags_submodule(self):
+        import tomllib
+
+        from mtp_mask_fix.paths import REPO
+
+        table = tomllib.loads((REPO / "requirements" / "lines.toml").read_text())["megatron-core"]
+        bridge, lm = os.environ["MEGATRON_BRIDGE_GIT"], os.environ["MEGATRON_LM_GIT"]
+        for version, core in table.items():
+            tree = subprocess.run(
+                ["git", "-C", bridge, "ls-tree", f"v{version}", "3rdparty/Megatron-LM"], capture_output=True, text=True
+            )
+            if not tree.stdout:  # untagged (0.6.1): its row says why
+                continue
+            info = subprocess.run(
+                ["git", "-C", lm, "show", f"{tree.stdout.split()[2]}:megatron/core/package_info.py"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            parts = dict(re.findall(r"^(MAJOR|MINOR|PATCH) = (\d+)", info, re.M))
+            assert core == f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}", version

@@ -32,9 +32,17 @@ def _stub_transformer_engine() -> None:
     te.__version__ = "0.0"
     te_pytorch = types.ModuleType("transformer_engine.pytorch")
     te_pytorch.ops = types.SimpleNamespace(Sequential=type("Sequential", (), {}))
+    # Before 0.6, lora_layers.py also subclasses te.Linear, te.GroupedLinear, ... at import: any class name is a stub.
+    te_pytorch.__getattr__ = _stub_class
     te.pytorch = te_pytorch
     sys.modules["transformer_engine"] = te
     sys.modules["transformer_engine.pytorch"] = te_pytorch
+
+
+def _stub_class(name: str) -> type:
+    if not name[:1].isupper():
+        raise AttributeError(f"module 'transformer_engine.pytorch' has no attribute {name!r}")
+    return type(name, (), {})
 
 
 class _StubBeforeBridge(importlib.abc.MetaPathFinder):

@@ -18,21 +18,32 @@ MCore's MTP loss falls back to an all-ones mask without it and trains on padding
 the real batch path (get_batch) of every forward step built on ``_forward_step_common``.
 """
 
+import importlib
+
 import pytest
 import torch
 
-import megatron.bridge.models.deepseek.deepseek_v4_step as deepseek_v4_step
 import megatron.bridge.training.gpt_step as gpt_step
 from mtp_mask_fix.probe import make_state
 
 
+def _forward_steps():
+    """Every forward step built on ``_forward_step_common`` that this Megatron-Bridge has (found by import: the
+    DeepSeek-V4 step arrived in 0.6)."""
+    steps = {
+        "gpt_step.forward_step": gpt_step.forward_step,
+        "gpt_step.forward_step_modelopt": gpt_step.forward_step_modelopt,
+    }
+    try:
+        deepseek_v4_step = importlib.import_module("megatron.bridge.models.deepseek.deepseek_v4_step")
+    except ModuleNotFoundError:
+        return steps
+    return steps | {"deepseek_v4_step.forward_step": deepseek_v4_step.forward_step}
+
+
 # Two answer-only SFT samples: prompt, a short answer, padding. Label-aligned, as get_batch returns it.
 LOSS_MASK = [[0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]]
-FORWARD_STEPS = {
-    "gpt_step.forward_step": gpt_step.forward_step,
-    "gpt_step.forward_step_modelopt": gpt_step.forward_step_modelopt,
-    "deepseek_v4_step.forward_step": deepseek_v4_step.forward_step,
-}
+FORWARD_STEPS = _forward_steps()
 
 
 class _Iterator:
@@ -137,6 +148,16 @@ def _expected_mask(*, packed=False):
     return torch.tensor(LOSS_MASK).reshape(1, -1) if packed else torch.tensor(LOSS_MASK)
 
 
+def _set_pp_stage(monkeypatch, *, first, last):
+    """The pipeline stage, as this gpt_step asks for it: its process groups, or (v0.2) megatron-core's parallel_state."""
+    if hasattr(gpt_step, "is_pp_first_stage"):
+        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_first_stage", lambda pg: first)
+        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_last_stage", lambda pg: last)
+    else:
+        monkeypatch.setattr(gpt_step.parallel_state, "is_pipeline_first_stage", lambda *args, **kwargs: first)
+        monkeypatch.setattr(gpt_step.parallel_state, "is_pipeline_last_stage", lambda *args, **kwargs: last)
+
+
 @pytest.fixture
 def config(monkeypatch):
     """A single-rank, last-pipeline-stage model with one MTP layer."""
@@ -146,8 +167,10 @@ def config(monkeypatch):
         {"is_hybrid_model": False, "mtp_num_layers": 1, "overlap_moe_expert_parallel_comm": False, "seq_length": 8},
     )()
     monkeypatch.setattr("megatron.bridge.training.gpt_step.get_model_config", lambda model: config)
-    monkeypatch.setattr("megatron.bridge.training.gpt_step.get_pg_collection", lambda model: _MockPGCollection())
-    for module in ("megatron.bridge.training.gpt_step", "megatron.bridge.models.deepseek.deepseek_v4_step"):
+    if hasattr(gpt_step, "get_pg_collection"):
+        monkeypatch.setattr("megatron.bridge.training.gpt_step.get_pg_collection", lambda model: _MockPGCollection())
+    _set_pp_stage(monkeypatch, first=True, last=True)
+    for module in {step.__module__ for step in FORWARD_STEPS.values()}:
         monkeypatch.setattr(
             f"{module}.get_batch_on_this_cp_rank",
             lambda batch, is_hybrid_cp=False, cp_group=None, hybrid_cp_group_func=None: batch,
@@ -190,8 +213,7 @@ class TestModelWithMtpReceivesLossMask:
 
     @pytest.mark.parametrize("is_first", [True, False], ids=["first_pp_stage", "middle_pp_stage"])
     def test_stage_without_labels_passes_no_mask(self, monkeypatch, config, is_first):
-        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_first_stage", lambda pg: is_first)
-        monkeypatch.setattr("megatron.bridge.training.gpt_step.is_pp_last_stage", lambda pg: False)
+        _set_pp_stage(monkeypatch, first=is_first, last=False)
         model = _RecordingModel()
 
         gpt_step.forward_step(make_state(attention_mask_from_dataset=False), _Iterator(_sft_batch()), model)
