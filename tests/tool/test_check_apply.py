@@ -665,7 +665,7 @@ class TestReleaseEnvironments:
     """Each release's tests run with the megatron-core its submodule pins and the transformers its wheel declares."""
 
     def test_pinned_release_uses_this_environment(self):
-        from mtp_mask_fix.envs import spec
+        from tests.support.envs import spec
 
         assert spec(PINNED)[0] == ""
 
@@ -678,7 +678,7 @@ class TestReleaseEnvironments:
         ],
     )
     def test_older_lines_get_their_own(self, version, key):
-        from mtp_mask_fix.envs import spec
+        from tests.support.envs import spec
 
         assert spec(version)[0] == key
 

@@ -1,7 +1,7 @@
 """The test environment of each release line: the megatron-core its 3rdparty/Megatron-LM submodule pins
 (requirements/lines.toml, or the newest its wheel allows) and the transformers its wheel declares.
 
-`python -m mtp_mask_fix.envs VERSION` prints one line, tab-separated, for ./run: the environment's key (empty for the
+`python -m tests.support.envs VERSION` prints one line, tab-separated, for ./run: the environment's key (empty for the
 pinned release, whose environment is .venv itself), then the pip requirements that make it from requirements/cpu.lock.
 Releases that share a megatron-core and a transformers requirement share one environment (.work/envs/<key>).
 """
