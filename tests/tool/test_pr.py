@@ -144,7 +144,9 @@ class TestPrBody:
     def test_cites_this_patchs_effect_summary_only_as_measured(self, run_pr, measured, own_patch, patch):
         """`./run effect`'s summary line (it names its settings, size and seeds) is cited verbatim, and only the one
         measured with this patch."""
-        summary = "MTP acceptance after SFT (size short, seeds 0-4): distinct-answers: teacher-forced +0.1 [+0.0, +0.2]"
+        summary = (
+            "MTP acceptance after SFT (size short, seeds 0-4): distinct-answers: teacher-forced +0.1 [+0.0, +0.2]"
+        )
         figures = WORK / "effect" / pr.patch_key(own_patch) / "figures.json"
         figures.parent.mkdir(parents=True, exist_ok=True)
         try:
