@@ -1,8 +1,11 @@
 """Every session records each test's outcome (mtp_mask_fix.recorder), so that the red/green check can hold the
 outcomes this session measured on the view against a session on the release as shipped, without running the view
-twice. The red/green and wrong-fix checks run last, after the tests whose outcomes they read."""
+twice. The red/green and wrong-fix checks run last, after the tests whose outcomes they read; the sessions they need
+of other trees (red/green's base, the wrong-fix variants) depend on nothing this session does, so they start as soon
+as the suite is collected, on the core the rest of the suite leaves idle (`start_early` in their module)."""
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 from mtp_mask_fix.paths import WORK
 
@@ -21,3 +24,12 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.nodeid.startswith(LAST))  # stable: the order within each group is kept
+
+
+def pytest_collection_finish(session):
+    modules = {item.module for item in session.items if hasattr(item, "module")}
+    early = [module.start_early for module in modules if hasattr(module, "start_early")]
+    if early:
+        pool = ThreadPoolExecutor(len(early))  # each thread only waits on its sessions' process
+        for start in early:
+            start(pool)

@@ -33,6 +33,18 @@ def _this_session(suite_dir: str) -> Run:
     )
 
 
+EARLY = {}
+
+
+def _base_session() -> Run:
+    return run_many([Job(tuple(SUITES.values()), release(pins()["megatron-bridge"]).root)])[0]
+
+
+def start_early(pool) -> None:
+    """The base's session, started by tests/conftest.py once the suite is collected."""
+    EARLY["base"] = pool.submit(_base_session)
+
+
 @pytest.fixture(scope="module")
 def base_tree() -> Path:
     return release(pins()["megatron-bridge"]).root
@@ -43,8 +55,8 @@ def runs(base_tree):
     """Per suite: the base's run, and the view's (this session's, or run here if this session did not run it)."""
     patched = {suite: _this_session(path) for suite, path in SUITES.items()}
     missing = [suite for suite, run in patched.items() if not run.outcomes]
-    jobs = [Job(tuple(SUITES.values()), base_tree)] + [Job((SUITES[suite],), VIEW) for suite in missing]
-    base, *views = run_many(jobs)
+    views = run_many([Job((SUITES[suite],), VIEW) for suite in missing]) if missing else []
+    base = EARLY["base"].result() if "base" in EARLY else _base_session()
     patched |= dict(zip(missing, views))
     return {suite: {"base": base, "patched": patched[suite], "ids": list(patched[suite].outcomes)} for suite in SUITES}
 

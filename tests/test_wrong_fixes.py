@@ -103,12 +103,24 @@ def _upstream_bound_tests() -> Path:
     return ADDED
 
 
+def _variant_runs() -> dict:
+    job = Job(("tests/unit_tests", str(_upstream_bound_tests())), VIEW)
+    return run_variants(VIEW, GPT_STEP, job, WORK / "variants")
+
+
+EARLY = {}
+
+
+def start_early(pool) -> None:
+    """The variants' sessions, started by tests/conftest.py once the suite is collected."""
+    EARLY["runs"] = pool.submit(_variant_runs)
+
+
 @pytest.fixture(scope="module")
 def runs():
     """tests/unit_tests and the upstream-bound tests once per variant, each against a copy of the view with its
     rewrite, and once on the view."""
-    job = Job(("tests/unit_tests", str(_upstream_bound_tests())), VIEW)
-    return run_variants(VIEW, GPT_STEP, job, WORK / "variants")
+    return EARLY["runs"].result() if "runs" in EARLY else _variant_runs()
 
 
 def _suites(run) -> dict[str, dict]:
