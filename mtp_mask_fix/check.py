@@ -191,7 +191,7 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
                 recovered = recover(target)
             verdict = check(target, patches)
             if verdict.state in (State.APPLIED, State.EQUIVALENT):
-                said = verdict.state.value[0].format(detail=verdict.detail)
+                said = verdict.detail if verdict.state == State.APPLIED else "an equivalent fix"
                 return f"{recovered}{target.label}: already fixed ({said}); nothing changed", Exit.OK
             require(verdict)
             patch = verdict.patch

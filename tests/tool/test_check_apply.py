@@ -213,7 +213,7 @@ class TestApplyGitCheckout:
         assert (result.returncode, result.stderr) == (0, "")
         assert (
             result.stdout
-            == f"{checkout.root}: already fixed (already applied ({PATCH_FILE}); nothing to do); nothing changed\n"
+            == f"{checkout.root}: already fixed ({PATCH_FILE}); nothing changed\n"
         )
         assert snapshot(checkout.root) == before
 
