@@ -14,6 +14,9 @@ import pytest
 from unidiff import PatchSet
 
 from mtp_mask_fix.check import fix_present
+from mtp_mask_fix.paths import GPT_STEP, WORK
+from mtp_mask_fix.targets import release as release_target
+from mtp_mask_fix.trees import materialise
 
 from .conftest import FIXED, PINNED, SUBMITTER, UPSTREAM_TEST, Tree
 
@@ -211,10 +214,7 @@ class TestApplyGitCheckout:
         before = snapshot(checkout.root)
         result = cli("apply", "--no-verify", checkout.root)
         assert (result.returncode, result.stderr) == (0, "")
-        assert (
-            result.stdout
-            == f"{checkout.root}: already fixed ({PATCH_FILE}); nothing changed\n"
-        )
+        assert result.stdout == f"{checkout.root}: already fixed ({PATCH_FILE}); nothing changed\n"
         assert snapshot(checkout.root) == before
 
     def test_refuses_when_drifted(self, cli, edit, refused, snapshot, checkout):
@@ -366,22 +366,25 @@ VERIFY_CASES = {  # name: (gpt_step.py edit, apply this patch first); one copy o
 }
 
 
-@pytest.fixture(scope="module")
-def verified(tmp_path_factory, release):
-    """`verify` on each case's copy, all at once: each run imports a whole Megatron-Bridge (about 17 s here).
+def _verify_cases() -> dict:
+    """`verify` on each case's site-packages, all at once: each run imports a whole Megatron-Bridge in a fresh
+    interpreter. A case's site-packages is the release with its own gpt_step.py (and the directories above it); every
+    other directory links to the release's, bytecode cache included (trees.materialise), so no run recompiles it.
 
-    Returns (the copy, the verify result, then the check result) per case."""
+    Returns (the site-packages, the verify result, then the check result) per case."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    roots = {name: tmp_path_factory.mktemp("verify") / "site-packages" for name in VERIFY_CASES}
+    release = release_target(PINNED)
+    shutil.rmtree(WORK / "verify-cases", ignore_errors=True)
 
     def run(name):
         edit, apply = VERIFY_CASES[name]
-        root = roots[name]
-        shutil.copytree(release.root, root, ignore=shutil.ignore_patterns("__pycache__"))
+        text = (release.root / GPT_STEP).read_text()
+        root = materialise(
+            release.root,
+            WORK / "verify-cases" / str(list(VERIFY_CASES).index(name)),
+            rewrite={GPT_STEP: text.replace(*edit) if edit else text},
+        )
         tool = [sys.executable, "-m", "mtp_mask_fix"]
-        if edit:
-            gpt_step = root / FIXED.removeprefix("src/")
-            gpt_step.write_text(gpt_step.read_text().replace(*edit))
         if apply:
             subprocess.run([*tool, "apply", "--no-verify", str(root)], env=env, check=True, capture_output=True)
         done = [
@@ -392,6 +395,19 @@ def verified(tmp_path_factory, release):
 
     with ThreadPoolExecutor(len(VERIFY_CASES)) as pool:
         return dict(zip(VERIFY_CASES, pool.map(run, VERIFY_CASES)))
+
+
+EARLY = {}
+
+
+def start_early(pool) -> None:
+    """The probes need nothing else of the session: tests/conftest.py starts them once the suite is collected."""
+    EARLY["verified"] = pool.submit(_verify_cases)
+
+
+@pytest.fixture(scope="module")
+def verified():
+    return EARLY["verified"].result() if "verified" in EARLY else _verify_cases()
 
 
 class TestVerify:
