@@ -25,6 +25,8 @@ import torch
 
 import megatron.bridge.training.gpt_step as gpt_step
 from mtp_mask_fix.probe import make_state
+from tests.support import upstream_helpers as upstream
+from tests.support.upstream_helpers import _as_nocuda, _Iterator, _MockPGCollection
 
 
 def _forward_steps():
@@ -46,68 +48,12 @@ LOSS_MASK = [[0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 1.0,
 FORWARD_STEPS = _forward_steps()
 
 
-class _Iterator:
-    def __init__(self, batch):
-        self.batch = batch
-        self._done = False
+class _RecordingModel(upstream._RecordingModel):
+    """Upstream's recording model, with the LM logits the loss function reads and a `training` flag."""
 
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self._done:
-            raise StopIteration
-        self._done = True
-        return self.batch
-
-
-class _MockProcessGroup:
-    def __init__(self, rank=0, size=1):
-        self._rank = rank
-        self._size = size
-
-    def rank(self):
-        return self._rank
-
-    def size(self):
-        return self._size
-
-
-class _MockPGCollection:
-    def __init__(self):
-        self.pp = _MockProcessGroup()
-        self.cp = _MockProcessGroup()
-
-
-class _NoCudaTensor(torch.Tensor):
-    def cuda(self, non_blocking=False):  # type: ignore[override]
-        return self
-
-
-def _as_nocuda(tensor):
-    return tensor.as_subclass(_NoCudaTensor)
-
-
-class _RecordingModel:
-    """Upstream's stand-in for GPTModel: records the kwargs of the forward call or of build_schedule_plan."""
-
-    def __init__(self, *, output=None, training=True):
-        self.output = output if output is not None else torch.arange(16, dtype=torch.float32).reshape(2, 8)
+    def __init__(self, *, training=True):
+        super().__init__(output=torch.arange(16, dtype=torch.float32).reshape(2, 8))
         self.training = training
-        self.forward_kwargs = None
-
-    def __call__(self, **kwargs):
-        self.forward_kwargs = kwargs
-        return self.output
-
-    def build_schedule_plan(self, input_ids, position_ids, attention_mask, **kwargs):
-        self.forward_kwargs = {
-            "input_ids": input_ids,
-            "position_ids": position_ids,
-            "attention_mask": attention_mask,
-            **kwargs,
-        }
-        return self.output
 
 
 class _ScheduleOnlyModel(_RecordingModel):
