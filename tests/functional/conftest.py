@@ -1,11 +1,10 @@
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 
 from mtp_mask_fix.paths import GPT_STEP
-from tests.support import cpu_runtime
+from tests.support import cpu_runtime, worker
 
 
 torch.set_num_threads(1)  # on this 2-core machine two threads were several times slower than one
@@ -13,9 +12,9 @@ torch.set_num_threads(1)  # on this 2-core machine two threads were several time
 
 @pytest.fixture(scope="session")
 def tree() -> Path:
-    """The Megatron-Bridge tree this session imports: the first on its import path, found the way the import finds it
-    but without importing it (workers then start while this process imports). Workers get the same one."""
-    return Path(importlib.util.find_spec("megatron.bridge").origin).parents[2]
+    """The Megatron-Bridge tree this session imports, found without importing it (workers then start while this
+    process imports). Workers get the same one."""
+    return worker.this_tree()
 
 
 @pytest.fixture(scope="session")
