@@ -1,6 +1,7 @@
 """mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
 
-Each cmd_* returns what it prints and its exit code.
+Each cmd_* returns what it prints and its exit code. The repo's own commands (gate, refresh, pr, view) import their
+modules when run: a training container needs none of them (nor Python 3.11's tomllib).
 """
 
 import argparse
@@ -71,7 +72,7 @@ def cmd_verify(args) -> tuple[str, Exit]:
 
 
 def cmd_gate(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import gate  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+    from mtp_mask_fix import gate  # a repo command (see the module docstring)
 
     if args.checkouts_only and not args.checkout:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
@@ -87,7 +88,7 @@ def cmd_gate(args) -> tuple[str, Exit]:
 
 
 def cmd_refresh(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import refresh  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+    from mtp_mask_fix import refresh  # a repo command (see the module docstring)
 
     upstream = targets.checkout(args.upstream)
     return refresh.refresh(upstream, args.rev, python=None if args.no_verify else _python(args)), Exit.OK
@@ -103,13 +104,13 @@ def cmd_status(args) -> tuple[str, Exit]:
 
 
 def cmd_pr(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import pr  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+    from mtp_mask_fix import pr  # a repo command (see the module docstring)
 
     return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
 
 
 def cmd_view(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import trees  # the repo's commands; not needed (nor Python 3.11's tomllib) in a container
+    from mtp_mask_fix import trees  # a repo command (see the module docstring)
 
     return trees.write_view(Patch.load(args.patch)), Exit.OK
 
