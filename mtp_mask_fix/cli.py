@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from mtp_mask_fix import atomic, check, targets, verify
@@ -78,12 +77,7 @@ def cmd_gate(args) -> tuple[str, Exit]:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
     checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
-    releases = {}
-    for version in versions:  # `latest` may be the pin: one row, both names
-        target = targets.release(version)
-        first = releases.setdefault(target.root, target)
-        if first is not target and version == "latest":
-            releases[target.root] = replace(first, label=f"{first.label} = latest")
+    releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
     return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), _python(args))
 
 

@@ -1,5 +1,5 @@
-"""One error type for every refusal, and the exit codes every command shares: the one place they are stated (`--help`
-and README's table are generated from `Exit`; a test compares README with it)."""
+"""The exit codes every command shares, each with its one meaning (`--help` and README's table are generated from
+`Exit`), and the one error type for every refusal."""
 
 from enum import IntEnum
 
@@ -9,8 +9,7 @@ class Exit(IntEnum):
 
     def __new__(cls, code: int, meaning: str):
         member = int.__new__(cls, code)
-        member._value_ = code
-        member.meaning = meaning
+        member._value_, member.meaning = code, meaning
         return member
 
     OK = 0, "done; `check`: the patch applies (the bug is present); `apply`: applied, or already fixed"
@@ -33,18 +32,19 @@ class Exit(IntEnum):
     def interrupted(signum: int) -> int:
         return Exit.INTERRUPTED + signum
 
+    @property
+    def shown(self) -> str:
+        return "128+n" if self is Exit.INTERRUPTED else str(int(self))
+
 
 def exit_table() -> str:
-    """README's exit-code table (markdown), from `Exit`."""
-    rows = [f"| {'128+n' if code is Exit.INTERRUPTED else int(code)} | {code.meaning} |" for code in Exit]
-    return "\n".join(["| exit | meaning |", "| --- | --- |", *rows])
+    """README's exit-code table (markdown)."""
+    return "\n".join(["| exit | meaning |", "| --- | --- |", *(f"| {c.shown} | {c.meaning} |" for c in Exit)])
 
 
 def exit_help() -> str:
-    """The exit codes for `--help`, from `Exit`."""
-    return "exit codes:\n" + "\n".join(
-        f"  {'128+n' if code is Exit.INTERRUPTED else int(code):>5}  {code.meaning}" for code in Exit
-    )
+    """The exit codes for `--help`."""
+    return "exit codes:\n" + "\n".join(f"  {c.shown:>5}  {c.meaning}" for c in Exit)
 
 
 class ToolError(Exception):

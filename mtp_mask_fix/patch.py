@@ -61,40 +61,33 @@ class Patch:
             body, after = (msg.read_text().strip(), rest.read_text()) if info.returncode == 0 else ("", "")
         start = after.find("diff --git ")
         ends = [end for end in (after.find(mark, start) for mark in ("\n-- \n", "\n\nbase-commit: ")) if end >= 0]
+        diff = after[start : min(ends, default=len(after)) + 1] if start >= 0 else ""
         try:
-            files = PatchSet(after[start : min(ends, default=len(after)) + 1]) if start >= 0 else None
+            files = PatchSet(diff)
         except UnidiffParseError as exc:
             raise ToolError(f"patch {path} is corrupted: {exc}") from exc
         stat = DIFFSTAT.search(after)  # a patch cut at a file boundary still parses: its own diffstat tells
-        said, found = (
-            tuple(int(n or 0) for n in stat.groups()) if stat else None,
-            files and (len(files), files.added, files.removed),
-        )
-        failures = [
+        said, found = stat and tuple(int(n or 0) for n in stat.groups()), (len(files), files.added, files.removed)
+        for failed, why in [
             (info.returncode != 0, "git mailinfo cannot read it"),
             (not headers.get("Subject"), "no Subject line"),
             (not files, "it holds no file changes"),
             (stat and said != found, f"its diffstat says {said} (files, +, -) but its diff holds {found}"),
-        ]
-        for failed, why in failures:
+        ]:
             if failed:
                 raise ToolError(f"patch {path} is corrupted: {why}")
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
         base = re.search(r"^base-commit: ([0-9a-f]{40})$", after, re.M)
-        diff = after[start : min(ends, default=len(after)) + 1]
-        return cls(path, text, headers, body, metadata, diff, base.group(1) if base else None, files)
+        return cls(path, text, headers, body, metadata, diff, base and base.group(1), files)
 
     def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
         """Some files' diff (src: True sources, False tests, None all), less the `leave_out` (path, hunk index)."""
         out = []
-        for patched_file in self.files:
-            if src is not None and patched_file.path.startswith("src/") != src:
-                continue
-            kept = [h for i, h in enumerate(patched_file) if (patched_file.path, i) != leave_out]
+        for patched in (f for f in self.files if src is None or f.path.startswith("src/") == src):
+            kept = [str(h) for i, h in enumerate(patched) if (patched.path, i) != leave_out]
             if kept:
-                header = str(patched_file).split("\n@@", 1)[0]
-                out.append(header + "\n" + "".join(str(h) for h in kept))
+                out.append(str(patched).split("\n@@", 1)[0] + "\n" + "".join(kept))
         return "".join(text if text.endswith("\n") else text + "\n" for text in out)
 
     def added(self, path: str) -> str:
@@ -103,9 +96,8 @@ class Patch:
         (patched,) = [f for f in self.files if f.path == path]
         runs, previous = [], False
         for line in (line for hunk in patched for line in hunk):
-            if line.is_added and not previous:
-                runs.append("")
             if line.is_added:
+                runs += [""] * (not previous)
                 runs[-1] += line.value
             previous = line.is_added
         if len(runs) != 1 or patched.removed:
@@ -113,12 +105,11 @@ class Patch:
         return runs[0].rstrip("\n") + "\n"
 
     def paths(self, *, src: bool | None = None) -> list[str]:
-        """The files the patch changes (src: True sources, False tests, None all), as upstream checkouts name them."""
+        """The files the patch changes (src: True sources, False upstream's tests, which releases ship none of)."""
         return [f.path for f in self.files if src is None or f.path.startswith("src/") == src]
 
     def source_hunks(self) -> list[tuple[str, int]]:
         return [(f.path, i) for f in self.files if f.path.startswith("src/") for i in range(len(f))]
 
     def test_files(self) -> list[str]:
-        """Upstream's test files the patch changes (releases ship none of them)."""
-        return [f.path for f in self.files if f.path.startswith("tests/")]
+        return self.paths(src=False)

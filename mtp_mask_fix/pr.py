@@ -1,14 +1,10 @@
 """pr: the upstream route, written from the patch and from red/green measured on this very patch (never typed in).
 
-(a) A review of PR #6105, which proposes the same line first: one general comment (templates/review_6105.md) with
-the FalconH1 finding, then one comment per change, each anchored on lines named by their text and holding a
-suggestion that stands alone (templates/review_change.md). Nothing of this tool and no toy-model figures in it.
-(b) A PR body for when #6105 stalls (templates/pr_body.md): it supersedes #6105 and credits its author exactly as
-`--co-author` gives it (#6105's commit identity is not recorded here, so it is never guessed).
-
-Measured input, one file per patch: `gate --checkout` writes results_file(patch) (format in its docstring). `pr`
-reads only the file keyed by the patch it renders, so a result of another patch never reaches a text, whatever
-ran last and whatever the current directory. This module imports neither torch nor megatron.
+(a) A review of PR #6105, which proposes the same line first: a general comment (templates/review_6105.md) with the
+FalconH1 finding, then one comment per change, each anchored on lines named by their text, with a suggestion that
+stands alone. (b) A PR body for when #6105 stalls (templates/pr_body.md), crediting #6105's author exactly as
+`--co-author` gives it (never guessed). Its only input beyond the patch is what `gate --checkout` recorded for this
+very patch (results_file), so no result of another patch or an older diff reaches a text.
 """
 
 import ast
@@ -24,11 +20,16 @@ from mtp_mask_fix.paths import FIXED_FILE, WORK
 
 
 TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES_USED = ("review_6105", "review_fix", "review_assert", "review_tests", "pr_body")  # the review's in order
 UPSTREAM = "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
 FALCON_H1 = "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py"
 CO_AUTHOR = re.compile(r"[^<>@\n]*\S <[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+>")
 GATE = "./run gate --checkout <a Megatron-Bridge clone holding {base}> --checkouts-only --python <its interpreter>"
 RULE = "-" * 100
+# What gate records per upstream commit where the patch held: red = the tests the patch adds or changes that fail by
+# assertion there, of all FAIL_TO_PASS; green = tests passing patched, of all run; falcon_h1_forward = [first, last]
+# line of FalconH1Model.forward's signature at that commit, or null.
+FIELDS = {"commit": r"[0-9a-f]{40}", "megatron_core": r"\d+\.\d+\S*", "red": r"[1-9]\d*/\d+", "green": r"[1-9]\d*/\d+"}
 
 
 def patch_key(patch: Patch) -> str:
@@ -38,17 +39,7 @@ def patch_key(patch: Patch) -> str:
 
 
 def results_file(patch: Patch) -> Path:
-    """Where gate records this patch's red/green on upstream checkouts (the repo's .work/, whatever the cwd):
-
-        {"patch": patch_key(patch),
-         "checkouts": [{"commit": "<40 hex, the upstream commit gated>", "megatron_core": "0.20.0",
-                        "red": "4/4", "green": "56/56",
-                        "falcon_h1_forward": [first, last]}]}
-
-    red: the tests the patch adds or changes that fail by assertion on that commit, of all FAIL_TO_PASS; green:
-    tests passing with the patch, of all run. falcon_h1_forward: the lines of `FalconH1Model.forward`'s signature
-    in FALCON_H1 at that commit (falcon_h1_forward_lines), null if absent. Only rows whose verdict is PASS.
-    """
+    """{"patch": patch_key(patch), "checkouts": [FIELDS | {"falcon_h1_forward": ...}, ...]}, in the repo's .work/."""
     return WORK / "gate" / "by-patch" / f"{patch_key(patch)}.json"
 
 
@@ -59,7 +50,7 @@ def falcon_h1_forward_lines(source: str) -> list[int] | None:
     if (
         len(forward) != 1
         or forward[0].args.kwarg
-        or "loss_mask" in {a.arg for a in ast.walk(forward[0].args) if isinstance(a, ast.arg)}
+        or "loss_mask" in {getattr(a, "arg", None) for a in ast.walk(forward[0].args)}
     ):
         return None
     return [forward[0].lineno, forward[0].body[0].lineno - 1]  # `def forward(` to the line ending in `:`
@@ -75,14 +66,7 @@ def _measured(patch: Patch) -> list[dict]:
     except (OSError, ValueError) as exc:
         raise ToolError(f"cannot read {path} ({exc.__class__.__name__}): run `{run}` again", Exit.FAILED) from exc
     rows = data.get("checkouts") if data.get("patch") == patch_key(patch) else None
-    count = re.compile(r"[1-9]\d*/\d+")
-    if not rows or not all(
-        re.fullmatch(r"[0-9a-f]{40}", str(r.get("commit")))
-        and re.fullmatch(r"\d+\.\d+\S*", str(r.get("megatron_core")))
-        and count.fullmatch(str(r.get("red")))
-        and count.fullmatch(str(r.get("green")))
-        for r in rows
-    ):
+    if not rows or not all(re.fullmatch(form, str(r.get(key))) for r in rows for key, form in FIELDS.items()):
         raise ToolError(f"{path} holds no complete red/green of this patch: run `{run}`", Exit.FAILED)
     return rows
 
@@ -90,13 +74,8 @@ def _measured(patch: Patch) -> list[dict]:
 def _effect(patch: Patch) -> str:
     """`./run effect`'s own summary line for this patch, if it ran (it names its settings, size and seeds)."""
     path = WORK / "effect" / patch_key(patch) / "figures.json"
-    if not path.exists():
-        return ""
-    return f"- What the bug costs a tiny MCore GPTModel with MTP (CPU): {json.loads(path.read_text())['citations']['summary']}.\n"
-
-
-def _comment(name: str, values: dict) -> str:
-    return Template((TEMPLATES / name).read_text()).substitute(values)
+    summary = json.loads(path.read_text())["citations"]["summary"] if path.exists() else ""
+    return summary and f"- What the bug costs a tiny MCore GPTModel with MTP (CPU): {summary}.\n"
 
 
 def render(patch: Patch, co_author: str | None) -> str:
@@ -108,9 +87,8 @@ def render(patch: Patch, co_author: str | None) -> str:
             "it is not recorded here and never guessed"
         )
     (test_file,) = patch.test_files()
-    falcon = next(
-        (r for r in sorted(rows, key=lambda r: r["commit"] != patch.base_commit) if r.get("falcon_h1_forward")), None
-    )
+    by_base = sorted(rows, key=lambda r: r["commit"] != patch.base_commit)
+    falcon = next((r for r in by_base if r.get("falcon_h1_forward")), None)
     if falcon is None:
         raise ToolError(f"no gated checkout holds FalconH1Model.forward without loss_mask: run `{GATE}`", Exit.FAILED)
     first, last = falcon["falcon_h1_forward"]
@@ -129,12 +107,11 @@ def render(patch: Patch, co_author: str | None) -> str:
             for r in rows
         ),
     }
-    review = _comment("review_6105.md", values) + "".join(
-        f"\n{RULE}\n" + _comment(name, values) for name in ("review_fix.md", "review_assert.md", "review_tests.md")
-    )
+    text = {name: Template((TEMPLATES / f"{name}.md").read_text()).substitute(values) for name in TEMPLATES_USED}
+    review = f"\n{RULE}\n".join(text[name] for name in TEMPLATES_USED[:-1])
     trailer = f'git commit --amend --no-edit --trailer "Co-authored-by: {values["co_author"]}"'
     return (
         f"(a) review of #6105: one general comment, then one comment per change\n{RULE}\n{review}{RULE}\n\n"
         f"(b) PR body, if #6105 stalls (first `{trailer}`: a squash merge keeps the commit's trailers)\n"
-        f"{RULE}\n{_comment('pr_body.md', values)}{RULE}\n"
+        f"{RULE}\n{text['pr_body']}{RULE}\n"
     )

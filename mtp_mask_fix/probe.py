@@ -1,54 +1,29 @@
-"""The behaviour probe behind `verify`, run as a script under the interpreter that trains (`PY path/to/probe.py`),
-with the target's import root first on PYTHONPATH: it calls the real `gpt_step.forward_step` of that Megatron-Bridge
-(MTP on, last pipeline stage) with a recording model and prints one JSON object: the gpt_step.py it ran, whether the
-model received the batch's loss_mask, and why. Exit 0 means the probe ran, whatever it found.
+"""The behaviour probe behind `verify`, run as a script (its source through `-c`) under the interpreter that trains,
+with the target's import root first on PYTHONPATH. It calls that Megatron-Bridge's real `gpt_step.forward_step`
+(MTP on, last pipeline stage) with a recording model and prints one JSON object: the gpt_step.py it ran, whether
+the model received the batch's loss_mask, and why. Exit 0 means the probe ran, whatever it found.
 
-The one module of the tool that imports torch and megatron, and only inside the target's interpreter; it imports
-nothing else of the tool, so it runs where only the target's own packages are installed. `make_state` is also the
-test suite's stand-in for Bridge's GlobalState (one copy).
+The one module of the tool that imports torch and megatron, only inside the target's interpreter, and nothing of
+the tool, so it runs where only the target's own packages are installed. `make_state` is also the test suite's
+stand-in for Bridge's GlobalState (one copy).
 """
 
 import json
-
-
-class NoopTimer:
-    """Bridge's timers and straggler timer: called, started, stopped and entered, doing nothing."""
-
-    def __call__(self, *args, **kwargs):
-        return self
-
-    def start(self, *args, **kwargs):
-        return None
-
-    def stop(self, *args, **kwargs):
-        return None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
+from types import SimpleNamespace
+from unittest.mock import MagicMock
 
 
 def make_state(*, packed: bool = False, attention_mask_from_dataset: bool = True):
-    """The parts of Bridge's GlobalState that gpt_step.forward_step reads."""
-    cfg = type("Cfg", (), {})()
-    cfg.dataset = type(
-        "Dataset",
-        (),
-        {
-            "enable_offline_packing": packed,
-            "offline_packing_specs": None,
-            "skip_getting_attention_mask_from_dataset": packed or not attention_mask_from_dataset,
-        },
-    )()
-    cfg.model = type("Model", (), {"pipeline_model_parallel_layout": None})()
-    cfg.rerun_state_machine = type("Rerun", (), {"check_for_nan_in_loss": False, "check_for_spiky_loss": False})()
-    state = type("State", (), {})()
-    state.cfg = cfg
-    state.timers = NoopTimer()
-    state.straggler_timer = NoopTimer()
-    return state
+    """The parts of Bridge's GlobalState that gpt_step.forward_step reads; timers do nothing."""
+    dataset = SimpleNamespace(
+        enable_offline_packing=packed,
+        offline_packing_specs=None,
+        skip_getting_attention_mask_from_dataset=packed or not attention_mask_from_dataset,
+    )
+    rerun = SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False)
+    model = SimpleNamespace(pipeline_model_parallel_layout=None)
+    cfg = SimpleNamespace(dataset=dataset, model=model, rerun_state_machine=rerun)
+    return SimpleNamespace(cfg=cfg, timers=MagicMock(), straggler_timer=MagicMock())
 
 
 def probe() -> dict:
@@ -58,30 +33,20 @@ def probe() -> dict:
     import megatron.bridge.training.gpt_step as gpt_step
 
     mask = torch.tensor([[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
-    batch = (
-        torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]]),
-        torch.tensor([[6, 7, 8, 0], [10, 11, 0, 0]]),
-        mask.clone(),
-        None,
-        torch.arange(4).repeat(2, 1),
-        None,
-    )
+    tokens, labels = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 0]]), torch.tensor([[6, 7, 8, 0], [10, 11, 0, 0]])
+    batch = (tokens, labels, mask.clone(), None, torch.arange(4).repeat(2, 1), None)
     seen = {}
 
     def model(**kwargs):
         seen.update(kwargs)
         return torch.zeros(2, 4)
 
-    group = type("Group", (), {"size": lambda self: 1, "rank": lambda self: 0})()
-    fields = {
-        "mtp_num_layers": 1,
-        "is_hybrid_model": False,
-        "seq_length": 4,
-        "overlap_moe_expert_parallel_comm": False,
-    }
-    config = type("Config", (), fields)()
+    group = SimpleNamespace(size=lambda: 1, rank=lambda: 0)
+    config = SimpleNamespace(
+        mtp_num_layers=1, is_hybrid_model=False, seq_length=4, overlap_moe_expert_parallel_comm=False
+    )
     gpt_step.get_model_config = lambda model: config
-    gpt_step.get_pg_collection = lambda model: type("PG", (), {"pp": group, "cp": group})()
+    gpt_step.get_pg_collection = lambda model: SimpleNamespace(pp=group, cp=group)
     gpt_step.get_batch = lambda *args, **kwargs: batch
     gpt_step.forward_step(make_state(), iter(()), model)
     given = seen.get("loss_mask")

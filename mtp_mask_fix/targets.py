@@ -12,10 +12,7 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import FIXED_FILE, PACKAGE, REPO, WORK
-
-
-VERSION = re.compile(r"^\d+(\.\d+)+\S*$")
+from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PINS, WORK
 
 
 class Kind(Enum):
@@ -46,25 +43,23 @@ class Target:
 
     @property
     def fixed_file(self) -> Path:
-        return self.import_root / FIXED_FILE.removeprefix("src/")
+        return self.import_root / GPT_STEP
 
 
 def pins() -> dict[str, str]:
     """requirements/megatron.txt: the pinned release every default refers to, and this environment's megatron-core."""
-    lines = (REPO / "requirements/megatron.txt").read_text().splitlines()
-    return dict(line.replace(" ", "").split("==") for line in lines if line.strip() and not line.startswith("#"))
+    lines = [line.replace(" ", "") for line in PINS.read_text().splitlines()]
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
 
 
 def resolve(spec: str | None) -> Target:
     """TARGET as the user wrote it: a directory, a version, `latest`; None means the pinned release."""
     spec = spec or pins()["megatron-bridge"]
-    path = Path(spec).expanduser()
-    if not path.exists() and (spec == "latest" or VERSION.match(spec)):
+    path, what = Path(spec).expanduser(), "(a TARGET is a directory, a version or `latest`)"
+    if not path.exists() and (spec == "latest" or re.match(r"^\d+(\.\d+)+\S*$", spec)):
         return release(spec)
-    if not path.exists():
-        raise ToolError(f"{spec}: no such file or directory (a TARGET is a directory, a version or `latest`)")
     if not path.is_dir():
-        raise ToolError(f"{spec}: not a directory (a TARGET is a directory, a version or `latest`)")
+        raise ToolError(f"{spec}: {'not a directory' if path.exists() else 'no such file or directory'} {what}")
     root = path.resolve()
     if (root / "src" / PACKAGE).is_dir():
         target = Target(spec, root, Kind.CHECKOUT if is_git_top(root) else Kind.TREE)
@@ -73,7 +68,7 @@ def resolve(spec: str | None) -> Target:
     else:
         raise ToolError(f"{spec}: not a Megatron-Bridge tree (neither src/{PACKAGE} nor {PACKAGE} is inside)")
     if not target.fixed_file.is_file():
-        raise ToolError(f"{spec}: Megatron-Bridge without {FIXED_FILE.removeprefix('src/')}; too old or too new")
+        raise ToolError(f"{spec}: Megatron-Bridge without {GPT_STEP}; too old or too new")
     return target
 
 
@@ -87,10 +82,8 @@ def checkout(path: Path | str) -> Target:
 
 def is_git_top(root: Path) -> bool:
     """Whether root is the top of a git work tree (not just somewhere inside one)."""
-    if not (root / ".git").exists():
-        return False
-    top = git("rev-parse", "--show-toplevel", cwd=root, check=False)
-    return top.returncode == 0 and Path(top.stdout.strip()).resolve() == root
+    top = git("rev-parse", "--show-toplevel", cwd=root, check=False) if (root / ".git").exists() else None
+    return bool(top) and top.returncode == 0 and Path(top.stdout.strip()).resolve() == root
 
 
 def release(version: str) -> Target:
@@ -104,27 +97,25 @@ def release(version: str) -> Target:
 
 
 def _download(version: str) -> Path:
-    """pip download of the wheel; unpacked into .work/pypi/<its version>/ unless already there."""
+    """pip download of the wheel; its package and METADATA (the pins that choose the release's test environment)
+    unpacked into .work/pypi/<its version>/ unless already there, in one rename."""
     (WORK / "pypi").mkdir(parents=True, exist_ok=True)
     spec = "megatron-bridge" + ("" if version == "latest" else f"=={version}")
     with tempfile.TemporaryDirectory(dir=WORK / "pypi") as tmp:
         pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", spec, "-d", tmp]
-        got = subprocess.run(
-            [*pip, "--disable-pip-version-check", "--ignore-requires-python"], capture_output=True, text=True
-        )
+        quiet = ["--disable-pip-version-check", "--ignore-requires-python"]
+        got = subprocess.run([*pip, *quiet], capture_output=True, text=True)
         wheels = list(Path(tmp).glob("megatron_bridge-*.whl"))
         if got.returncode != 0 or not wheels:
             reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1].removeprefix("ERROR: ")
             raise ToolError(f"megatron-bridge {version}: not on the package index or not downloadable ({reason})")
         root = WORK / "pypi" / wheels[0].name.split("-")[1]
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            # Its package and its METADATA (the pins that choose the release's test environment, see envs.py).
-            names = [n for n in wheel.namelist() if n.startswith("megatron/") or n.endswith(".dist-info/METADATA")]
-            if not (root / PACKAGE).is_dir():
+        if not metadata_file(root):
+            shutil.rmtree(root, ignore_errors=True)
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                names = [n for n in wheel.namelist() if n.startswith("megatron/") or n.endswith(".dist-info/METADATA")]
                 wheel.extractall(Path(tmp) / "site", names)
-                shutil.move(str(Path(tmp) / "site"), root)  # one rename: never a half-unpacked release
-            elif not metadata_file(root):  # unpacked by an older version of the tool
-                wheel.extractall(root, [n for n in names if n.endswith("METADATA")])
+            shutil.move(str(Path(tmp) / "site"), root)
     return root
 
 
