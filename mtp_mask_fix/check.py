@@ -1,7 +1,5 @@
-"""Reading a target, never writing it: where it stands with respect to the patch (`check`), what a killed apply left
-(its journal), whether its code delivers the mask (`verify`). The carried patch fits 0.6 on and upstream main; older
-release lines get its backport (backport.py): without --patch, each target is checked against all of them.
-"""
+"""Reading a target, never writing it: where it stands with respect to the patch and its backports (`check`), what a
+killed apply left (its journal), whether the code it imports delivers the mask (`verify`)."""
 
 import ast
 import base64
