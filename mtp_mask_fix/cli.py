@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtp_mask_fix import atomic, check, targets, verify
+from mtp_mask_fix import apply, check, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_help
 from mtp_mask_fix.patch import Patch
 
@@ -35,7 +35,7 @@ def _python(args) -> str:
 
 def _target(args, python: str) -> targets.Target:
     """TARGET as given, or the Megatron-Bridge that `python` imports (the training environment's own)."""
-    return targets.resolve(args.target or str(verify.imported_by(python)))
+    return targets.resolve(args.target or str(check.imported_by(python)))
 
 
 def cmd_check(args) -> tuple[str, Exit]:
@@ -47,27 +47,26 @@ def cmd_apply(args) -> tuple[str, Exit]:
     try:
         python = _python(args)
         if args.branch is not None:
-            check.valid_branch(args.branch)
+            apply.valid_branch(args.branch)
         target, patches = _target(args, python), check.candidates(args.patch)
-    except atomic.Interrupted as signalled:
+    except apply.Interrupted as signalled:
         raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
     if args.branch is not None:
-        return check.make_branch(target, patches, args.branch), Exit.OK
-    return check.apply(target, patches, python=None if args.no_verify else python)
+        return apply.make_branch(target, patches, args.branch), Exit.OK
+    return apply.apply(target, patches, python=None if args.no_verify else python)
 
 
 def cmd_verify(args) -> tuple[str, Exit]:
     python = _python(args)
     target = _target(args, python)
-    if (entries := atomic.read_journal(target.root)) is not None:
-        left = atomic.describe(target.root, entries)
+    if left := check.left(target.root):
         raise ToolError(
-            f"{target.label}: an interrupted apply left {atomic.JOURNAL} ({left}); run `apply`", Exit.FAILED
+            f"{target.label}: an interrupted apply left {check.JOURNAL} ({left}); run `apply`", Exit.FAILED
         )
-    found = verify.verify(target, python)
-    if not found.delivered:
-        raise ToolError(f"{target.label}: not verified with {python}: {found.reason}", Exit.FAILED)
-    return f"{target.label}: verified with {python}: {found.reason}", Exit.OK
+    delivered, reason = check.verify(target, python)
+    if not delivered:
+        raise ToolError(f"{target.label}: not verified with {python}: {reason}", Exit.FAILED)
+    return f"{target.label}: verified with {python}: {reason}", Exit.OK
 
 
 def cmd_gate(args) -> tuple[str, Exit]:
@@ -159,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line on stderr for any refusal, and its exit code."""
     try:
-        with atomic.Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply rolls back first)
+        with apply.Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply rolls back first)
             args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
             text, code = args.func(args)
         print(text, end="\n" if text else "")
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
         reason = stderr.strip().splitlines() or [f"exit {exc.returncode}"]
         print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
         code = Exit.FAILED
-    except atomic.Interrupted as exc:
+    except apply.Interrupted as exc:
         print(f"mtp-mask-fix: error: interrupted by {exc.name}", file=sys.stderr)
         code = exc.code
     sys.exit(int(code))

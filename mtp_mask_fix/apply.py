@@ -1,0 +1,196 @@
+"""Writing a target: `apply`, all or nothing (a journal, files replaced by a rename, signals held while writing) and
+verified by behaviour; or, on a git checkout, a new branch holding the patch as a signed-off commit."""
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+from mtp_mask_fix.check import JOURNAL, already_fixed, check, journal, left, scope, verify
+from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.git import apply_diff, first_error_line, git
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.targets import Kind, Target
+
+
+SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+class Interrupted(BaseException):
+    """A signal arrived; a BaseException, so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        self.name, self.code = signal.Signals(signum).name, Exit.interrupted(signum)
+        super().__init__(self.name)
+
+
+class Guard:
+    """Inside the `with`, SIGINT, SIGTERM and SIGHUP raise Interrupted (at the end of a `held()` block)."""
+
+    def __enter__(self):
+        self.old = {sig: signal.signal(sig, self.interrupt) for sig in SIGNALS}
+
+    def __exit__(self, *exc):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+    def interrupt(self, signum, frame):
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def held():
+    """Signals blocked until the block ends, then delivered: no write is cut short (spawn nothing: it inherits that)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def phase(name: str) -> None:
+    """Test hook: with MTP_MASK_FIX_PAUSE=NAME:FILE, apply creates FILE at phase NAME and waits for a signal."""
+    want, _, marker = os.environ.get("MTP_MASK_FIX_PAUSE", "").partition(":")
+    if want == name and marker:
+        Path(marker).write_text(f"{os.getpid()}\n")
+        time.sleep(120)
+
+
+def _temp(path: Path) -> Path:
+    return path.with_name(f".{path.name}.mtp-mask-fix.tmp")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """path's bytes become `data` in one rename; an existing file keeps its mode."""
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+    with open(_temp(path), "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.chmod(_temp(path), mode)
+    os.replace(_temp(path), path)
+
+
+def restore(root: Path) -> str:
+    """Put back the files a journal holds, then drop it and any temporary file; what it said of them ("" if none)."""
+    said, entries = left(root), journal(root)
+    for rel, (before, _) in entries.items():
+        if not (root / rel).is_file() or (root / rel).read_bytes() != before:
+            write_atomic(root / rel, before)
+    for path in [root / JOURNAL, *map(root.joinpath, entries)]:
+        _temp(path).unlink(missing_ok=True)
+    (root / JOURNAL).unlink(missing_ok=True)
+    return said
+
+
+def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[str, Exit]:
+    """New bytes made aside, a journal of the old ones, each file replaced by a rename, then (with `python`) verified
+    by behaviour; rolled back unless it holds or on a signal before the end, which exits 128+n saying which."""
+    if target.kind == Kind.RELEASE:
+        raise ToolError(f"{target.label} is a downloaded release; apply to a checkout or an installed package")
+    root, finished = target.root, ""
+    try:
+        with held():
+            said = restore(root)
+        recovered = f"{target.label}: restored the files an interrupted apply left ({said})\n" if said else ""
+        verdict = check(target, patches)
+        if fixed := already_fixed(verdict):
+            return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed", Exit.OK
+        before, after = _new_bytes(target, verdict.patch)
+        entries = {rel: [base64.b64encode(data).decode() for data in (before[rel], after[rel])] for rel in before}
+        phase("checked")
+        with held():
+            write_atomic(root / JOURNAL, json.dumps(entries).encode())
+        phase("journaled")
+        with held():
+            for rel, data in after.items():
+                write_atomic(root / rel, data)
+        phase("replaced")
+        delivered, reason = verify(target, python) if python else (True, "")
+        if not delivered:
+            raise ToolError(f"{target.label}: rolled back: {reason}", Exit.FAILED)
+        phase("verified")
+        with held():
+            (root / JOURNAL).unlink()
+            finished = "the apply had finished: patched" + (" and verified" if python else " (not verified)")
+        phase("done")
+        verified = f"; verified with {python}: {reason}" if python else ""
+        return f"{recovered}{target.label}: applied ({verdict.detail}){verified}", Exit.OK
+    except BaseException as exc:
+        with held():
+            rolled_back = restore(root)
+        if not isinstance(exc, Interrupted):
+            raise
+        state = "rolled back: the files are as before" if rolled_back else finished or "nothing changed"
+        raise ToolError(f"{target.label}: interrupted by {exc.name}: {state}", exc.code) from None
+
+
+def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """The files' bytes as they are and as git apply makes them on copies; refused first where apply could not
+    replace a file: read-only by its mode (root writes anything, but that states intent) or by access(2)."""
+    src = scope(target, patch)
+    files = [path.split("/", target.strip - 1)[-1] for path in patch.paths(src=src)]  # git apply's -p
+    for path in [where for rel in files for where in (target.root / rel, (target.root / rel).parent)]:
+        if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
+            raise ToolError(f"{path} is read-only or not yours to write (apply renames files into place)")
+    before = {rel: (target.root / rel).read_bytes() for rel in files}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel in files:
+            Path(tmp, rel).parent.mkdir(parents=True, exist_ok=True)
+            Path(tmp, rel).write_bytes(before[rel])
+        if error := apply_diff(patch.part(src=src), Path(tmp), strip=target.strip):
+            raise ToolError(f"the patch does not apply: {first_error_line(error)}", Exit.DRIFTED)
+        return before, {rel: Path(tmp, rel).read_bytes() for rel in files}
+
+
+def valid_branch(branch: str) -> str:
+    """A branch name git accepts (`git check-ref-format --branch`), or a refusal before any work."""
+    if not branch or git("check-ref-format", "--branch", branch, check=False).returncode != 0:
+        raise ToolError(f"--branch {branch!r}: not a valid branch name (git check-ref-format --branch)")
+    return branch
+
+
+def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
+    """A new branch of a git checkout holding the patch as a commit authored and signed off by the submitter: made
+    by `git am -s` in a temporary worktree, so that the checkout only changes at the final `git switch`."""
+    if target.kind != Kind.CHECKOUT:
+        raise ToolError(f"{target.label}: --branch needs a git checkout")
+    root = target.root
+    for key in ("user.name", "user.email"):
+        if not git("config", key, cwd=root, check=False).stdout.strip():
+            raise ToolError(f"git {key} is not set in {target.label}; `git am -s` signs off as you")
+    if git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=root, check=False).returncode == 0:
+        raise ToolError(f"branch {branch} already exists in {target.label}")
+    if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
+        raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
+    verdict = check(target, patches)
+    if fixed := already_fixed(verdict):
+        return f"{target.label}: already fixed ({fixed}); no branch made"
+    if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
+        raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
+    try:
+        with tempfile.TemporaryDirectory() as worktree:
+            try:
+                _git(target, "worktree", "add", "--quiet", "-b", branch, worktree, cwd=root, code=Exit.FAILED)
+                _git(target, "am", "--quiet", "-s", str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
+                # --no-verify: a local pre-commit hook must not stop the amend of am's own commit; --reset-author:
+                # the submitter authors the upstream commit (the mailbox's From is this repo's placeholder).
+                _git(target, "commit", "-q", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=worktree)
+            finally:
+                git("worktree", "remove", "--force", worktree, cwd=root, check=False)
+        _git(target, "switch", "--quiet", branch, cwd=root)  # git refuses it if it would lose local edits
+    except BaseException:
+        git("branch", "--quiet", "-D", branch, cwd=root, check=False)
+        raise
+    return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `mtp-mask-fix pr`"
+
+
+def _git(target: Target, *args: str, cwd: Path | str, code: Exit = Exit.USAGE) -> None:
+    """git, or a one-line refusal saying which step failed and that the checkout is as it was."""
+    if (done := git(*args, cwd=cwd, check=False)).returncode != 0:
+        why = first_error_line(done.stderr)
+        raise ToolError(f"{target.label}: git {args[0]} failed: {why}; nothing changed", code)
