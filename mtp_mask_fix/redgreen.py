@@ -1,13 +1,13 @@
-"""FAIL_TO_PASS / PASS_TO_PASS: pytest sessions that record outcomes, and the contract between them.
+"""Red/green: the contract (Outcome, Run, problems), the runner and the pytest plugin that records outcomes.
 
-FAIL_TO_PASS are the tests marked `@pytest.mark.fail_to_pass` (the one place that says so); every other test of a
-session is PASS_TO_PASS.
-
-Each session chooses its code under test the one way this repo knows: a tree first on the import path
-(`-o pythonpath=TREE`). Sessions are forked from one warm process (warm_pytest), two at a time.
+`run_many` starts `python -m mtp_mask_fix.redgreen` in the interpreter under test: it imports the third-party stack
+once (never megatron.bridge), then forks a process per session with its tree first on the import path (`-o
+pythonpath=TREE`) and this module as its plugin, which appends a JSON line per test to the file MTP_FIX_OUTCOMES names.
 """
 
+import importlib.util
 import json
+import multiprocessing
 import os
 import re
 import subprocess
@@ -17,13 +17,19 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+import pytest
+
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.paths import REPO, is_gpt_step_of
+from mtp_mask_fix.paths import GPT_STEP_MODULE, REPO, is_gpt_step_of
+
+
+PYTEST = ("-p", "mtp_mask_fix.redgreen", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--strict-markers")
+# What every session under test imports before megatron.bridge, whatever the tree: imported once, before the fork.
+WARM = ("megatron.core", "megatron.training", "modelopt.torch.distill", "transformers")
 
 
 class Outcome(Enum):
-    """How one test ended. Only ASSERTION counts as red (SWE-bench's rule): an import or collection error, a failed
-    setup, another exception or a skip never proves that a test catches the bug."""
+    """How a test ended. Only ASSERTION is red (SWE-bench's rule): no other failure proves a test catches the bug."""
 
     PASSED = "passed"
     ASSERTION = "failed by assertion"
@@ -45,66 +51,23 @@ class Job:
 
 @dataclass
 class Run:
-    """One finished session: the outcome of each test, which are marked `fail_to_pass`, the gpt_step.py files it
-    imported, and its log."""
+    """One finished session: each test's outcome, those marked `fail_to_pass`, the gpt_step.py files it imported."""
 
     outcomes: dict[str, Outcome]
     marked: set[str]
     gpt_step_files: set[str]
-    log: str = field(repr=False, default="")
+    reasons: dict[str, str] = field(default_factory=dict)  # a collection error's last `E` line (e.g. ImportError)
 
     def split(self) -> tuple[list[str], list[str]]:
-        """(FAIL_TO_PASS, PASS_TO_PASS): the tests marked `fail_to_pass`, and every other test this session ran."""
+        """(FAIL_TO_PASS, PASS_TO_PASS) among the tests this session ran."""
         return [n for n in self.outcomes if n in self.marked], [n for n in self.outcomes if n not in self.marked]
 
     def of(self, nodeid: str) -> Outcome:
         return self.outcomes.get(nodeid, Outcome.MISSING)
 
     def collection_errors(self) -> list[str]:
-        """Each collection error with the last `E` line pytest printed (e.g. the ImportError)."""
-        reason = (re.findall(r"^E\s+(.+)$", self.log, re.M) or ["collection error"])[-1]
-        return [f"{nodeid}: {reason}" for nodeid, o in self.outcomes.items() if o == Outcome.COLLECTION_ERROR]
-
-
-PYTEST = ("-p", "mtp_mask_fix.recorder", "-p", "no:cacheprovider", "-q")
-# What every session under test imports before megatron.bridge, whatever the tree: imported once, before the fork.
-WARM = ("megatron.core", "megatron.training", "modelopt.torch.distill", "transformers")
-
-
-def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
-    """Run the jobs from one warm `python` process that forks a child per job (warm_pytest.py)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        outs = [Path(tmp) / str(index) for index in range(len(jobs))]
-        specs = [
-            {"args": [*PYTEST, "-o", f"pythonpath={job.tree}", *job.args], "cwd": str(job.cwd), "out": str(out)}
-            for job, out in zip(jobs, outs)
-        ]
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        warm = [python, "-m", "mtp_mask_fix.warm_pytest"]
-        stdin = json.dumps({"warm": WARM, "jobs": specs})
-        runner = subprocess.run(warm, input=stdin, capture_output=True, text=True, env=env)
-        if runner.returncode != 0:
-            raise ToolError(
-                f"the pytest runner failed: {(runner.stderr.strip().splitlines() or ['?'])[-1]}", Exit.FAILED
-            )
-        runs = [_read(out) for out in outs]
-    for job, run in zip(jobs, runs):
-        stray = {f for f in run.gpt_step_files if not is_gpt_step_of(f, job.tree)}
-        if stray:  # the one guarantee every red/green verdict rests on
-            raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
-    return runs
-
-
-def _read(out: Path) -> Run:
-    recorded = out.with_suffix(".jsonl")
-    entries = [json.loads(line) for line in recorded.read_text().splitlines()] if recorded.exists() else []
-    log = out.with_suffix(".log").read_text(errors="replace")
-    return Run(
-        {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
-        {e["nodeid"] for e in entries if e["fail_to_pass"]},
-        {e["gpt_step"] for e in entries if e["gpt_step"]},
-        log,
-    )
+        found = [n for n, outcome in self.outcomes.items() if outcome == Outcome.COLLECTION_ERROR]
+        return [f"{n}: {self.reasons.get(n, 'collection error')}" for n in found]
 
 
 def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str]:
@@ -121,3 +84,77 @@ def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: lis
         + unlike(base, "base", fail_to_pass, Outcome.ASSERTION, ", not by assertion")
         + unlike(base, "base", pass_to_pass, Outcome.PASSED)
     )
+
+
+def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
+    """The jobs' sessions, forked from one warm `python`; each must have imported its own tree's gpt_step.py."""
+    with tempfile.TemporaryDirectory() as tmp:
+        specs = [
+            (f"{tmp}/{i}", [*PYTEST, "-o", f"pythonpath={job.tree}", *job.args], str(job.cwd))
+            for i, job in enumerate(jobs)
+        ]
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        runner = [python, "-m", "mtp_mask_fix.redgreen"]
+        done = subprocess.run(runner, input=json.dumps(specs), capture_output=True, text=True, env=env)
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["?"])[-1]
+            raise ToolError(f"the pytest runner failed: {why}", Exit.FAILED)
+        recorded = [[json.loads(line) for line in Path(out).read_text().splitlines()] for out, *_ in specs]
+    runs = [
+        Run(
+            {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
+            {e["nodeid"] for e in entries if e["fail_to_pass"]},
+            {e["gpt_step"] for e in entries if e["gpt_step"]},
+            {e["nodeid"]: e["reason"] for e in entries if "reason" in e},
+        )
+        for entries in recorded
+    ]
+    for job, run in zip(jobs, runs):
+        if stray := {f for f in run.gpt_step_files if not is_gpt_step_of(f, job.tree)}:  # what every verdict rests on
+            raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
+    return runs
+
+
+def _record(nodeid: str, outcome: Outcome, **more) -> None:
+    gpt_step = getattr(sys.modules.get(GPT_STEP_MODULE), "__file__", None)
+    entry = {"nodeid": nodeid, "outcome": outcome.value, "gpt_step": gpt_step, "fail_to_pass": False} | more
+    with open(os.environ["MTP_FIX_OUTCOMES"], "a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Plugin: the outcome of each test body, or of its failed setup."""
+    report = (yield).get_result()
+    if report.when == "call" or (report.when == "setup" and not report.passed):
+        if report.passed or report.skipped:
+            outcome = Outcome.PASSED if report.passed else Outcome.SKIPPED
+        elif report.when == "setup":
+            outcome = Outcome.SETUP_ERROR
+        else:
+            outcome = Outcome.ASSERTION if call.excinfo.errisinstance(AssertionError) else Outcome.OTHER_FAILURE
+        _record(item.nodeid, outcome, fail_to_pass=item.get_closest_marker("fail_to_pass") is not None)
+
+
+def pytest_collectreport(report):
+    """Plugin: a module that fails to import or collect, and why."""
+    if report.failed:
+        reason = (re.findall(r"^E\s+(.+)$", report.longreprtext, re.M) or ["collection error"])[-1]
+        _record(report.nodeid, Outcome.COLLECTION_ERROR, reason=reason)
+
+
+def _session(out: str, args: list[str], cwd: str) -> None:
+    multiprocessing.current_process().daemon = False  # a session may start processes (the effect tests' ranks)
+    os.chdir(cwd)
+    os.environ["MTP_FIX_OUTCOMES"] = out
+    Path(out).touch()  # a session that records nothing still leaves its file
+    pytest.main(args)
+
+
+if __name__ == "__main__":  # the runner: each [out, args, cwd] on stdin is one session
+    for module in WARM:  # what this environment lacks is not warmed (megatron-core < 0.17 has no megatron.training)
+        if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
+            importlib.import_module(module)
+    parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
+    with multiprocessing.get_context("fork").Pool(parallel, maxtasksperchild=1) as pool:  # a fresh fork per session
+        pool.starmap(_session, json.load(sys.stdin), chunksize=1)

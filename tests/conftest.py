@@ -1,4 +1,4 @@
-"""Every session records each test's outcome (mtp_mask_fix.recorder), so that the red/green check can hold the
+"""Every session records each test's outcome (mtp_mask_fix.redgreen), so that the red/green check can hold the
 outcomes this session measured on the view against a session on the release as shipped, without running the view
 twice. The red/green and wrong-fix checks run last, after the tests whose outcomes they read; the sessions they need
 of other trees (red/green's base, the wrong-fix variants) depend on nothing this session does, so they start as soon
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from mtp_mask_fix.paths import WORK
 
 
-pytest_plugins = ["mtp_mask_fix.recorder"]
+pytest_plugins = ["mtp_mask_fix.redgreen"]
 LAST = ("tests/test_red_green.py", "tests/test_wrong_fixes.py")
 
 
