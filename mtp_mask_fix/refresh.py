@@ -53,9 +53,8 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
     text = build(upstream, rev, old)
     held = "red/green not run (--no-verify)"
     if python:
-        new = Patch.parse(old.path, text)
-        row = checkout_row(upstream, new, rev=f"{rev}^1")
-        evaluate([row], python, new)
+        row = checkout_row(upstream, Patch.parse(old.path, text), rev=f"{rev}^1")
+        evaluate([row], python)
         if row.verdict != Verdict.PASS:
             notes = row.notes[:3] + [f"{len(row.notes) - 3} more"] * (len(row.notes) > 3)
             raise ToolError(f"not written: the patch from {rev} does not hold: {'; '.join(notes)}", Exit.FAILED)
