@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from mtp_mask_fix import backport, probe
+from mtp_mask_fix import probe
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.patch import Patch
@@ -55,7 +55,7 @@ def candidates(explicit: Path | None = None) -> list[Patch]:
     if explicit:
         return [Patch.load(explicit)]
     main = Patch.load()
-    return [main, *map(Patch.load, backport.backports(main))]
+    return [main, *map(Patch.load, sorted(PATCHES.glob(f"*/{main.path.name}")))]
 
 
 def name(patch: Patch) -> str:

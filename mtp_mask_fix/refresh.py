@@ -1,11 +1,9 @@
-"""refresh: regenerate the patch from its commit in an upstream checkout.
+"""Derived patches, byte-stable: the carried one from its commit upstream, and its backports from the carried one.
 
-The patch is edited as a commit (gbp-pq style): `apply CHECKOUT --branch wip` makes one, you amend it there (or
-rebase it), and `refresh --upstream CHECKOUT` turns the commit at --from (default HEAD) back into the mailbox.
-Byte-stable: author and date come from the current patch, the message from the commit (sign-offs dropped: the
-submitter adds theirs), `--zero-commit --no-signature --base=<parent>`, and Last-Update moves only when the diff
-changes. Before writing, the new patch must hold red/green on that checkout (see gate.checkout_row). The checkout
-itself is never modified: the commit is rebuilt in a temporary `--shared` clone.
+refresh (gbp-pq style): `apply CHECKOUT --branch wip` makes the patch a commit; amend it there, and `refresh --upstream
+CHECKOUT` writes it back once it holds red/green there, rebuilt in a `--shared` clone (the checkout is never changed).
+Backports (`python -m mtp_mask_fix.refresh`; a tool test checks them): before 0.6 the `forward_args` literal is followed
+by `if cu_seqlens is not None:`, so the source hunks are applied with two lines of trailing context and diffed again.
 """
 
 import datetime
@@ -15,36 +13,40 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
-from mtp_mask_fix.git import git
+from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.targets import Target
+from mtp_mask_fix.paths import FIXED_FILE, PATCHES
+from mtp_mask_fix.targets import Target, release
 
 
+LINES = {"0.2-0.5": "0.5.1"}  # each backport's folder under patches/, and the line's newest release it fits
 IDENTITY = (("NAME", "Author"), ("EMAIL", "Email"), ("DATE", "Date"))  # git's variables, git mailinfo's headers
 
 
-def build(upstream: Target, rev: str, old: Patch) -> str:
-    """The mailbox for the single commit `rev` on its parent, with the old patch's author, date and DEP-3 block."""
-    verify = ["rev-parse", "--verify", "--quiet"]
-    found = [git(*verify, f"{r}^{{commit}}", cwd=upstream.root, check=False) for r in (rev, f"{rev}^1")]
-    if any(done.returncode for done in found):
-        raise ToolError(f"{rev} is not a commit with a parent in {upstream.label}")
-    commit, parent = (done.stdout.strip() for done in found)
-    lines = git("log", "-1", "--format=%B", commit, cwd=upstream.root).stdout.strip().splitlines()
-    message = "\n".join(line for line in lines if not line.startswith("Signed-off-by: ")).strip() + "\n"
-    identity = {f"GIT_{who}_{what}": old.headers[key] for who in ("AUTHOR", "COMMITTER") for what, key in IDENTITY}
-    stable = ["-1", "--stdout", "--zero-commit", "--no-signature", f"--base={parent}"]
-    with tempfile.TemporaryDirectory() as tmp:
-        clone = Path(tmp) / "upstream"
-        git("clone", "--quiet", "--shared", "--no-checkout", str(upstream.root), str(clone))
-        made = git(
-            "commit-tree", f"{commit}^{{tree}}", "-p", parent, "-F", "-", cwd=clone, env=identity, input=message
-        )
-        text = git("format-patch", *stable, made.stdout.strip(), cwd=clone).stdout
-    moved = Patch.parse(old.path, text).diff != old.diff
+def _mailbox(repo: Path, parent: str, tree: str, message: str, old: Patch, *, upstream: bool) -> str:
+    """`tree` committed on `parent` as `old`'s author and date, with its DEP-3 block; an upstream commit's mailbox
+    names its base and moves Last-Update when the diff does."""
+    env = {f"GIT_{who}_{what}": old.headers[key] for who in ("AUTHOR", "COMMITTER") for what, key in IDENTITY}
+    made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=env, input=message).stdout.strip()
+    stable = ["--zero-commit", "--no-signature", *[f"--base={parent}"] * upstream]
+    text = git("format-patch", "-1", "--stdout", *stable, made, cwd=repo).stdout
+    moved = upstream and Patch.parse(old.path, text).diff != old.diff
     metadata = old.metadata | ({"Last-Update": datetime.date.today().isoformat()} if moved else {})
     head, sep, rest = text.partition("\n---\n")
     return f"{head}{sep}" + "".join(f"{key}: {value}\n" for key, value in metadata.items()) + f"\n{rest}"
+
+
+def build(upstream: Target, rev: str, old: Patch) -> str:
+    """The mailbox of the single commit `rev` on its parent, without sign-offs (the submitter adds theirs)."""
+    verify = ["rev-parse", "--verify", "--quiet"]
+    found = [git(*verify, f"{r}^{{commit}}", cwd=upstream.root, check=False).stdout.strip() for r in (rev, f"{rev}^")]
+    if not all(found):
+        raise ToolError(f"{rev} is not a commit with a parent in {upstream.label}")
+    lines = git("log", "-1", "--format=%B", found[0], cwd=upstream.root).stdout.strip().splitlines()
+    message = "\n".join(line for line in lines if not line.startswith("Signed-off-by: ")).strip() + "\n"
+    with tempfile.TemporaryDirectory() as clone:
+        git("clone", "--quiet", "--shared", "--no-checkout", str(upstream.root), clone)
+        return _mailbox(Path(clone), found[1], f"{found[0]}^{{tree}}", message, old, upstream=True)
 
 
 def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) -> str:
@@ -62,3 +64,42 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
     if text != old.text:
         old.path.write_text(text)
     return f"{old.path.name}: {'rewritten' if text != old.text else 'unchanged (byte-identical)'}; {held}"
+
+
+def path(line: str, main: Patch) -> Path:
+    """Where the backport of `main` for `line` lives (check.candidates finds it there)."""
+    return PATCHES / line / main.path.name
+
+
+def derive_for(line: str, main: Patch) -> str:
+    """The backport of `main`'s source hunks to `line`'s newest release (downloaded once, like any release TARGET)."""
+    diff = main.part(src=True)
+    with tempfile.TemporaryDirectory() as repo:
+        (Path(repo) / FIXED_FILE).parent.mkdir(parents=True)
+        (Path(repo) / FIXED_FILE).write_text(release(LINES[line]).fixed_file.read_text())
+        if not apply_diff(diff, Path(repo), check=True):
+            raise ToolError("the carried patch applies to this base as it is: no backport needed", Exit.FAILED)
+        git("init", "--quiet", cwd=repo)
+        git("add", "-A", cwd=repo)
+        git(
+            "-c", "user.name=base", "-c", "user.email=base@localhost", "commit", "--no-verify", "-qm", "base", cwd=repo
+        )
+        done = git("apply", "-C2", "--cached", "--whitespace=nowarn", "-", cwd=repo, input=diff, check=False)
+        if done.returncode != 0:
+            raise ToolError(f"the carried patch does not fit this base: {first_error_line(done.stderr)}", Exit.DRIFTED)
+        tree = git("write-tree", cwd=repo).stdout.strip()
+        return _mailbox(Path(repo), "HEAD", tree, f"{main.subject}\n\n{main.body}\n", main, upstream=False)
+
+
+if __name__ == "__main__":  # rewrite every backport, saying which changed
+    try:
+        main = Patch.load()
+        for line in LINES:
+            text, dest = derive_for(line, main), path(line, main)
+            same = dest.is_file() and dest.read_text() == text
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(text)
+            print(f"{dest.relative_to(PATCHES.parent)}: {'unchanged' if same else 'rewritten'}")
+    except ToolError as exc:
+        print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
+        sys.exit(int(exc.code))

@@ -491,17 +491,17 @@ class TestBackport:
     """The backport is derived from the carried patch, never edited: a drift guard."""
 
     def test_committed_backport_equals_its_derivation(self, patch, repo_file):
-        from mtp_mask_fix import backport
+        from mtp_mask_fix import refresh
 
-        for line in backport.LINES:
-            committed = backport.path(line, patch).read_text()
-            assert committed == backport.derive_for(line, patch), f"run `python -m mtp_mask_fix.backport` ({line})"
+        for line in refresh.LINES:
+            committed = refresh.path(line, patch).read_text()
+            assert committed == refresh.derive_for(line, patch), f"run `python -m mtp_mask_fix.refresh` ({line})"
 
     def test_same_added_lines_as_the_carried_patch(self, patch):
-        from mtp_mask_fix import backport
+        from mtp_mask_fix import refresh
         from mtp_mask_fix.patch import Patch
 
-        for path in backport.backports(patch):
+        for path in (refresh.path(line, patch) for line in refresh.LINES):
             assert hunk_parts(Patch.load(path), src_only=True) == hunk_parts(patch, src_only=True)
 
 
