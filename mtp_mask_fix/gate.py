@@ -122,9 +122,8 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
         row.verdict, row.notes = Verdict.OTHER_ENVIRONMENT, errors[:1]
         return
     red = [n for n in patched.outcomes if base.of(n) == Outcome.ASSERTION]
-    fail_to_pass = [
-        n for n in patched.outcomes if n in patched.marked or (n in red and n.split("[")[0] in row.touched)
-    ]
+    touched = [n for n in red if n.split("[")[0] in row.touched]
+    fail_to_pass = [n for n in patched.outcomes if n in patched.marked or n in touched]
     row.notes += problems(base, patched, fail_to_pass, [n for n in patched.outcomes if n not in fail_to_pass])
     if not fail_to_pass:  # never a pass when nothing could go red
         row.notes.append(f"no FAIL_TO_PASS test of {', '.join(row.base.args)} ran: nothing was tested")

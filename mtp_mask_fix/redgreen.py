@@ -1,9 +1,6 @@
-"""Red/green: the contract (Outcome, Run, problems), the runner and the pytest plugin that records outcomes.
-
-`run_many` starts `python -m mtp_mask_fix.redgreen` in the interpreter under test: it imports the third-party stack
-once (never megatron.bridge), then forks a process per session with its tree first on the import path (`-o
-pythonpath=TREE`) and this module as its plugin, which appends a JSON line per test to the file MTP_FIX_OUTCOMES names.
-"""
+"""Red/green: the contract (Outcome, Run, problems), and the runner and pytest plugin that measure it. `run_many`
+starts `python -m mtp_mask_fix.redgreen` in the interpreter under test: it imports the third-party stack once (never
+megatron.bridge), then forks a session per job, its tree first on the import path and this module its plugin."""
 
 import importlib.util
 import json
@@ -89,10 +86,7 @@ def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: lis
 def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
     """The jobs' sessions, forked from one warm `python`; each must have imported its own tree's gpt_step.py."""
     with tempfile.TemporaryDirectory() as tmp:
-        specs = [
-            (f"{tmp}/{i}", [*PYTEST, "-o", f"pythonpath={job.tree}", *job.args], str(job.cwd))
-            for i, job in enumerate(jobs)
-        ]
+        specs = [(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd)) for i, job in enumerate(jobs)]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         runner = [python, "-m", "mtp_mask_fix.redgreen"]
         done = subprocess.run(runner, input=json.dumps(specs), capture_output=True, text=True, env=env)
@@ -143,15 +137,15 @@ def pytest_collectreport(report):
         _record(report.nodeid, Outcome.COLLECTION_ERROR, reason=reason)
 
 
-def _session(out: str, args: list[str], cwd: str) -> None:
+def _session(out: str, tree: str, args: list[str], cwd: str) -> None:
     multiprocessing.current_process().daemon = False  # a session may start processes (the effect tests' ranks)
     os.chdir(cwd)
     os.environ["MTP_FIX_OUTCOMES"] = out
     Path(out).touch()  # a session that records nothing still leaves its file
-    pytest.main(args)
+    pytest.main([*PYTEST, "-o", f"pythonpath={tree}", *args])
 
 
-if __name__ == "__main__":  # the runner: each [out, args, cwd] on stdin is one session
+if __name__ == "__main__":  # the runner: each [out, tree, args, cwd] on stdin is one session
     for module in WARM:  # what this environment lacks is not warmed (megatron-core < 0.17 has no megatron.training)
         if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
             importlib.import_module(module)
