@@ -20,14 +20,14 @@ LINES = {"0.2-0.5": "0.5.1"}  # each backport's folder under patches/, and the l
 IDENTITY = (("NAME", "Author"), ("EMAIL", "Email"), ("DATE", "Date"))  # git's variables, git mailinfo's headers
 
 
-def _as(patch: Patch) -> dict[str, str]:
+def _author(patch: Patch) -> dict[str, str]:
     return {f"GIT_{who}_{what}": patch.headers[key] for who in ("AUTHOR", "COMMITTER") for what, key in IDENTITY}
 
 
 def _mailbox(repo: Path, parent: str, tree: str, message: str, old: Patch, *, upstream: bool) -> str:
     """`tree` committed on `parent` as `old`'s author and date, with its DEP-3 block; an upstream commit's mailbox
     names its base and moves Last-Update when the diff does."""
-    made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=_as(old), input=message).stdout.strip()
+    made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=_author(old), input=message).stdout.strip()
     stable = ["--zero-commit", "--no-signature", *[f"--base={parent}"] * upstream]
     text = git("format-patch", "-1", "--stdout", *stable, made, cwd=repo).stdout
     moved = upstream and Patch.parse(old.path, text).diff != old.diff
@@ -81,7 +81,7 @@ def derive_for(line: str, main: Patch) -> str:
             raise ToolError("the carried patch applies to this base as it is: no backport needed", Exit.FAILED)
         git("init", "--quiet", cwd=repo)
         git("add", "-A", cwd=repo)
-        git("commit", "--quiet", "--no-verify", "-m", "base", cwd=repo, env=_as(main))
+        git("commit", "--quiet", "--no-verify", "-m", "base", cwd=repo, env=_author(main))
         done = git("apply", "-C2", "--cached", "--whitespace=nowarn", "-", cwd=repo, input=diff, check=False)
         if done.returncode != 0:
             raise ToolError(f"the carried patch does not fit this base: {first_error_line(done.stderr)}", Exit.DRIFTED)
