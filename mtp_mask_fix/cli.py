@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
         p.set_defaults(func=func)
         if target:
-            p.add_argument("target", nargs=None if target == "required" else "?", help=f"{TARGET}, or {target}")
+            p.add_argument("target", nargs="?", help=f"{TARGET}, or {target}")
         if python:
             p.add_argument("--python", default=sys.executable, help=python)
         return p
@@ -166,8 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         code = exc.code
     except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
-        stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
-        reason = stderr.strip().splitlines() or [f"exit {exc.returncode}"]
+        reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
         print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
         code = Exit.FAILED
     except apply.Interrupted as exc:
