@@ -3,6 +3,7 @@ verified by behaviour; or, on a git checkout, a new branch holding the patch as 
 
 import base64
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -45,8 +46,9 @@ class Guard:
 @contextlib.contextmanager
 def held():
     """Signals blocked until the block ends, then delivered: no write is cut short (spawn nothing: it inherits that)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # first: a handler run by the call below cannot skip `finally`
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
@@ -77,7 +79,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 def restore(root: Path) -> str:
     """Put back the files a journal holds, then drop it and any temporary file; what it said of them ("" if none)."""
-    said, entries = left(root), journal(root)
+    said, entries = left(root) or "", journal(root) or {}
     for rel, (before, _) in entries.items():
         if not (root / rel).is_file() or (root / rel).read_bytes() != before:
             write_atomic(root / rel, before)
@@ -92,6 +94,11 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
     by behaviour; rolled back unless it holds or on a signal before the end, which exits 128+n saying which."""
     if target.kind == Kind.RELEASE:
         raise ToolError(f"{target.label} is a downloaded release; apply to a checkout or an installed package")
+    with Guard():  # also when called without the CLI's
+        return _apply(target, patches, python)
+
+
+def _apply(target: Target, patches: list[Patch], python: str | None) -> tuple[str, Exit]:
     root, finished = target.root, ""
     try:
         with held():
@@ -101,10 +108,13 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
         if fixed := already_fixed(verdict):
             return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed", Exit.OK
         before, after = _new_bytes(target, verdict.patch)
-        entries = {rel: [base64.b64encode(data).decode() for data in (before[rel], after[rel])] for rel in before}
+        digest = {rel: hashlib.sha256(data).hexdigest() for rel, data in after.items()}
+        entries = {
+            rel: {"before": base64.b64encode(data).decode(), "after": digest[rel]} for rel, data in before.items()
+        }
         phase("checked")
         with held():
-            write_atomic(root / JOURNAL, json.dumps(entries).encode())
+            write_atomic(root / JOURNAL, json.dumps({"files": entries}).encode())
         phase("journaled")
         with held():
             for rel, data in after.items():
@@ -136,7 +146,9 @@ def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str
     files = [path.split("/", target.strip - 1)[-1] for path in patch.paths(src=src)]  # git apply's -p
     for path in [where for rel in files for where in (target.root / rel, (target.root / rel).parent)]:
         if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
-            raise ToolError(f"{path} is read-only or not yours to write (apply renames files into place)")
+            raise ToolError(
+                f"{path} is read-only or not yours to write; make it writable (apply renames files into place)"
+            )
     before = {rel: (target.root / rel).read_bytes() for rel in files}
     with tempfile.TemporaryDirectory() as tmp:
         for rel in files:
@@ -172,16 +184,18 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
         return f"{target.label}: already fixed ({fixed}); no branch made"
     if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
+    with tempfile.TemporaryDirectory() as worktree:  # detached: a killed run leaves no branch behind
+        try:
+            _git(target, "worktree", "add", "--quiet", "--detach", worktree, "HEAD", cwd=root, code=Exit.FAILED)
+            _git(target, "am", "--quiet", "-s", str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
+            # --no-verify: a local pre-commit hook must not stop the amend of am's own commit; --reset-author:
+            # the submitter authors the upstream commit (the mailbox's From is this repo's placeholder).
+            _git(target, "commit", "-q", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=worktree)
+            commit = git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
+        finally:
+            git("worktree", "remove", "--force", worktree, cwd=root, check=False)
+    git("branch", branch, commit, cwd=root)
     try:
-        with tempfile.TemporaryDirectory() as worktree:
-            try:
-                _git(target, "worktree", "add", "--quiet", "-b", branch, worktree, cwd=root, code=Exit.FAILED)
-                _git(target, "am", "--quiet", "-s", str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
-                # --no-verify: a local pre-commit hook must not stop the amend of am's own commit; --reset-author:
-                # the submitter authors the upstream commit (the mailbox's From is this repo's placeholder).
-                _git(target, "commit", "-q", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=worktree)
-            finally:
-                git("worktree", "remove", "--force", worktree, cwd=root, check=False)
         _git(target, "switch", "--quiet", branch, cwd=root)  # git refuses it if it would lose local edits
     except BaseException:
         git("branch", "--quiet", "-D", branch, cwd=root, check=False)

@@ -3,6 +3,7 @@ killed apply left (its journal), whether the code it imports delivers the mask (
 
 import ast
 import base64
+import hashlib
 import json
 import os
 import subprocess
@@ -19,7 +20,7 @@ from mtp_mask_fix.paths import PATCHES, is_gpt_step_of
 from mtp_mask_fix.targets import Kind, Target
 
 
-JOURNAL = ".mtp-mask-fix-journal.json"  # apply's: each file's bytes before and after, until verified or rolled back
+JOURNAL = ".mtp-mask-fix-journal.json"  # apply's, until verified or rolled back: each file as it was, what replaced it
 
 
 class State(Enum):
@@ -95,25 +96,37 @@ def fix_present(source: str) -> bool:
     return False
 
 
-def journal(root: Path) -> dict[str, tuple[bytes, bytes]]:
-    """The journal a killed apply left: each file's bytes before and after; {} when there is none."""
-    entries = json.loads((root / JOURNAL).read_text()) if (root / JOURNAL).is_file() else {}
-    return {rel: tuple(map(base64.b64decode, pair)) for rel, pair in entries.items()}
+def journal(root: Path) -> dict[str, tuple[bytes, str]] | None:
+    """The journal a killed apply left: each file's bytes before, and the sha256 of what replaced them; None when
+    there is none, {} when it cannot be read (it is written by a rename: only damage from outside tears it)."""
+    if not (root / JOURNAL).is_file():
+        return None
+    try:
+        files = json.loads((root / JOURNAL).read_text())["files"]
+        return {rel: (base64.b64decode(entry["before"]), entry["after"]) for rel, entry in files.items()}
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
 
 
-def left(root: Path) -> str:
-    """What the journal a killed apply left says of each file now; "" when there is none."""
+def left(root: Path) -> str | None:
+    """What the journal a killed apply left says of each file now; None when there is none."""
+    entries = journal(root)
+    if entries is None:
+        return None
     said = []
-    for rel, (before, after) in journal(root).items():
+    for rel, (before, after) in entries.items():
         now = (root / rel).read_bytes() if (root / rel).is_file() else None
-        said.append(f"{rel} " + {before: "as before", after: "patched, not verified"}.get(now, "changed since"))
-    return ", ".join(said)
+        patched = now is not None and hashlib.sha256(now).hexdigest() == after
+        said.append(
+            f"{rel} " + ("as before" if now == before else "patched, not verified" if patched else "changed since")
+        )
+    return ", ".join(said) or "no file replaced"
 
 
 def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
     """The state a killed apply left, or the most telling of each patch's (by git apply forward and reverse)."""
     patches = [patches] if isinstance(patches, Patch) else patches
-    if said := left(target.root):
+    if (said := left(target.root)) is not None:
         return Verdict(target, State.INTERRUPTED, f"{JOURNAL} ({said})", patches[0])
     return min((_check(target, patch) for patch in patches), key=lambda verdict: list(State).index(verdict.state))
 

@@ -105,11 +105,11 @@ class Patch:
         return runs[0].rstrip("\n") + "\n"
 
     def paths(self, *, src: bool | None = None) -> list[str]:
-        """The files the patch changes (src: True sources, False upstream's tests, which releases ship none of)."""
+        """The files the patch changes (src: True sources, False the rest), as upstream checkouts name them."""
         return [f.path for f in self.files if src is None or f.path.startswith("src/") == src]
 
     def source_hunks(self) -> list[tuple[str, int]]:
         return [(f.path, i) for f in self.files if f.path.startswith("src/") for i in range(len(f))]
 
     def test_files(self) -> list[str]:
-        return self.paths(src=False)
+        return [path for path in self.paths(src=False) if path.startswith("tests/")]

@@ -5,6 +5,7 @@ megatron.bridge), then forks a session per job, its tree first on the import pat
 import importlib.util
 import json
 import multiprocessing
+import multiprocessing.connection
 import os
 import re
 import subprocess
@@ -93,7 +94,7 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["?"])[-1]
             raise ToolError(f"the pytest runner failed: {why}", Exit.FAILED)
-        recorded = [[json.loads(line) for line in Path(out).read_text().splitlines()] for out, *_ in specs]
+        recorded = [[json.loads(line) for line in _lines(Path(out))] for out, *_ in specs]
     runs = [
         Run(
             {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
@@ -107,6 +108,10 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
         if stray := {f for f in run.gpt_step_files if not is_gpt_step_of(f, job.tree)}:  # what every verdict rests on
             raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
     return runs
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []  # a session killed before it began: nothing ran
 
 
 def _record(nodeid: str, outcome: Outcome, **more) -> None:
@@ -138,17 +143,22 @@ def pytest_collectreport(report):
 
 
 def _session(out: str, tree: str, args: list[str], cwd: str) -> None:
-    multiprocessing.current_process().daemon = False  # a session may start processes (the effect tests' ranks)
     os.chdir(cwd)
     os.environ["MTP_FIX_OUTCOMES"] = out
     Path(out).touch()  # a session that records nothing still leaves its file
     pytest.main([*PYTEST, "-o", f"pythonpath={tree}", *args])
 
 
-if __name__ == "__main__":  # the runner: each [out, tree, args, cwd] on stdin is one session
+if __name__ == "__main__":  # the runner: each [out, tree, args, cwd] on stdin is one session, in a fork of its own
     for module in WARM:  # what this environment lacks is not warmed (megatron-core < 0.17 has no megatron.training)
         if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
             importlib.import_module(module)
     parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
-    with multiprocessing.get_context("fork").Pool(parallel, maxtasksperchild=1) as pool:  # a fresh fork per session
-        pool.starmap(_session, json.load(sys.stdin), chunksize=1)
+    fork = multiprocessing.get_context("fork")  # not a Pool: it waits forever on a worker that died
+    pending, running = [fork.Process(target=_session, args=spec) for spec in json.load(sys.stdin)], []
+    while pending or running:  # a session that dies (os._exit, a signal) ends there: its tests read "did not run"
+        while pending and len(running) < parallel:
+            running.append(pending.pop(0))
+            running[-1].start()
+        multiprocessing.connection.wait([process.sentinel for process in running])
+        running = [process for process in running if process.is_alive()]

@@ -110,12 +110,13 @@ def _download(version: str) -> Path:
             reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1].removeprefix("ERROR: ")
             raise ToolError(f"megatron-bridge {version}: not on the package index or not downloadable ({reason})")
         root = WORK / "pypi" / wheels[0].name.split("-")[1]
-        if not metadata_file(root):
-            shutil.rmtree(root, ignore_errors=True)
-            with zipfile.ZipFile(wheels[0]) as wheel:
-                names = [n for n in wheel.namelist() if n.startswith("megatron/") or n.endswith(".dist-info/METADATA")]
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            names = [n for n in wheel.namelist() if n.startswith("megatron/") or n.endswith(".dist-info/METADATA")]
+            if not (root / PACKAGE).is_dir():
                 wheel.extractall(Path(tmp) / "site", names)
-            shutil.move(str(Path(tmp) / "site"), root)
+                shutil.move(str(Path(tmp) / "site"), root)
+            elif not metadata_file(root):  # unpacked by an older version of the tool
+                wheel.extractall(root, [n for n in names if n.endswith("METADATA")])
     return root
 
 
