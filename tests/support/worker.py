@@ -184,11 +184,14 @@ class Zygote:
         self.tree, self.pid, self._requests = tree, pid, os.fdopen(write, "wb")
 
     def start(self, run: Launch) -> "ZygoteRun":
-        for stale in ("exit.json", "supervisor.pid", *(f"rank{r}.err" for r in range(run.ranks))):
-            (run.out / stale).unlink(missing_ok=True)
-        pickle.dump((run.ranks, run.argv(), str(run.out), _free_port()), self._requests)
+        return self.submit(run.ranks, run.argv(), run.out)
+
+    def submit(self, world: int, argv: list[str], out: Path) -> "ZygoteRun":
+        for stale in ("exit.json", "supervisor.pid", *(f"rank{r}.err" for r in range(world))):
+            (out / stale).unlink(missing_ok=True)
+        pickle.dump((world, argv, str(out), _free_port()), self._requests)
         self._requests.flush()
-        return ZygoteRun(run.out)
+        return ZygoteRun(out)
 
 
 class ZygoteRun:
@@ -213,7 +216,7 @@ class ZygoteRun:
             return None
         errors = [(self.out / f"rank{r}.err") for r, code in enumerate(codes) if code]
         told = [e.read_text() for e in errors if e.exists()]
-        log = (self.out / "worker.log").read_text(errors="replace")[-4000:]
+        log = (self.out / "ranks.log").read_text(errors="replace")[-4000:]
         return f"exit codes {codes}\n" + "\n".join(told or [log])
 
 
@@ -248,11 +251,12 @@ def _serve(requests_fd: int) -> None:
 def _supervise(world: int, argv: list[str], out: Path, port: int) -> None:
     """Fork the ranks, wait for all; a failed rank ends the others (as torch's ProcessContext does). Leaves
     out/exit.json with each rank's exit code, and a failed rank's traceback in out/rank<r>.err."""
-    code = 1
+    code, codes = 1, {}
     try:
         os.setpgid(0, 0)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "supervisor.pid").write_text(str(os.getpid()))
-        log = os.open(out / "worker.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        log = os.open(out / "ranks.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 1)
         os.dup2(log, 2)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -262,7 +266,6 @@ def _supervise(world: int, argv: list[str], out: Path, port: int) -> None:
             if pid == 0:
                 _zygote_rank(rank, world, port, argv, out)  # never returns
             pids[pid] = rank
-        codes = {}
         while len(codes) < world:
             pid, status = os.wait()
             codes[pids[pid]] = os.waitstatus_to_exitcode(status)
@@ -270,12 +273,14 @@ def _supervise(world: int, argv: list[str], out: Path, port: int) -> None:
                 for other, rank in pids.items():
                     if rank not in codes:
                         os.kill(other, signal.SIGKILL)
-        tmp = out / "exit.json.tmp"
-        tmp.write_text(json.dumps({"codes": [codes[r] for r in range(world)]}))
-        tmp.rename(out / "exit.json")
         code = 0
-    finally:
-        os._exit(code)
+    finally:  # whatever happened, the waiting session learns it here (-1: the rank's end is unknown)
+        try:
+            tmp = out / "exit.json.tmp"
+            tmp.write_text(json.dumps({"codes": [codes.get(r, -1) if code == 0 else -1 for r in range(world)]}))
+            tmp.rename(out / "exit.json")
+        finally:
+            os._exit(code)
 
 
 def _zygote_rank(rank: int, world: int, port: int, argv: list[str], out: Path) -> None:
@@ -419,9 +424,14 @@ def run_rank(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     """A run of another tree than the caller's: this process has that tree first on its import path."""
     argv = sys.argv[1:] if argv is None else argv
-    context = ranks(_parser().parse_args(argv).ranks, argv)
-    while not context.join():
-        pass
+    args = _parser().parse_args(argv)
+    start_zygote()  # this process imports the tree once; its ranks fork from it
+    if ZYGOTE is None:
+        context = ranks(args.ranks, argv)
+        while not context.join():
+            pass
+    elif error := ZYGOTE.submit(args.ranks, argv, args.out).wait(timeout=float("inf")):
+        sys.exit(error)
 
 
 if __name__ == "__main__":
