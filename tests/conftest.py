@@ -4,10 +4,12 @@ twice. The red/green and wrong-fix checks run last, after the tests whose outcom
 of other trees (red/green's base, the wrong-fix variants) depend on nothing this session does, so they start as soon
 as the suite is collected, on the core the rest of the suite leaves idle (`start_early` in their module)."""
 
+import compileall
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from mtp_mask_fix.paths import WORK
+from mtp_mask_fix.paths import VIEW, WORK
+from mtp_mask_fix.targets import pins, release
 
 
 pytest_plugins = ["mtp_mask_fix.recorder"]
@@ -20,6 +22,16 @@ def pytest_configure(config):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         os.environ["MTP_FIX_OUTCOMES"] = str(path)
+        _compile_the_trees()
+
+
+def _compile_the_trees() -> None:
+    """Bytecode for the pinned release and the view, written once (a second run only compares timestamps): the
+    session, the red/green and wrong-fix sessions and verify's probes all import them, and with
+    PYTHONDONTWRITEBYTECODE set (as on this machine) each import would otherwise compile Megatron-Bridge again."""
+    for tree in (release(pins()["megatron-bridge"]).root, VIEW):
+        if tree.is_dir():
+            compileall.compile_dir(tree, quiet=2, workers=1)
 
 
 def pytest_collection_modifyitems(items):
