@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mtp_mask_fix.paths import VIEW, WORK
 from mtp_mask_fix.targets import pins, release
+from tests.support import sessions
 
 
 pytest_plugins = ["mtp_mask_fix.recorder"]
@@ -39,9 +40,10 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_collection_finish(session):
-    modules = {item.module for item in session.items if hasattr(item, "module")}
+    modules = sorted({item.module for item in session.items if hasattr(item, "module")}, key=lambda m: m.__name__)
     early = [module.start_early for module in modules if hasattr(module, "start_early")]
     if early:
         pool = ThreadPoolExecutor(len(early))  # each thread only waits on its sessions' process
-        for start in early:
+        for start in early:  # red/green's base session first: the longest of the batch
             start(pool)
+        sessions.BATCH.start(pool)
