@@ -4,12 +4,18 @@ layer's share, peak RSS per worker rank, and the patched/unpatched step-time rat
 Run as ``.venv/bin/python bench/benchmark.py`` after ``./run setup`` (the environment and the view exist: "warm").
 One pytest session of the whole suite, as ``./run test`` runs it; each layer's time is the sum of its tests' junit
 times (setup, call and teardown, module fixtures included), which add up to the wall time since tests run one after
-another. Prints each figure next to its target; never fails on a miss. Timings depend on what else runs: the load
-average is printed before and after.
+another. Next to the wall time, the CPU-seconds (user + sys) of the suite's whole process tree: this process is a
+subreaper, so sessions, zygotes, forkservers and ranks that outlive their parent are counted too; on 2 cores, half of
+it is the least wall time any schedule could reach, and it depends far less than wall time on what else runs.
+``--layers`` adds each layer's CPU-seconds, measured as a session of its own (its background sessions included).
+Prints each figure next to its target; never fails on a miss. Timings depend on what else runs: the load average is
+printed before and after.
 """
 
 import argparse
+import ctypes
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -47,13 +53,43 @@ def _verdict(met: bool) -> str:
     return "met" if met else "NOT met"
 
 
-def _suite(basetemp: Path, junit: Path) -> tuple[float, str]:
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(basetemp)]
-    start = time.perf_counter()
-    done = subprocess.run([*command, f"--junitxml={junit}"], cwd=REPO, capture_output=True, text=True)
+# Run as separate sessions by --layers: (label, pytest arguments). red/green's own cost is the difference between
+# its session and the view's, which it reads.
+LAYER_SESSIONS = (
+    ("unit + functional (the view)", ("tests/unit_tests", "tests/functional")),
+    ("  + red/green (base session)", ("tests/unit_tests", "tests/functional", "tests/test_red_green.py")),
+    ("wrong fixes", ("tests/test_wrong_fixes.py",)),
+    ("tool", ("tests/tool",)),
+    ("workflows lint", ("tests/test_workflows.py",)),
+)
+
+
+def _children_cpu() -> float:
+    """user + sys of every waited-for descendant so far (orphans included: this process is their subreaper)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _reap_orphans() -> None:
+    """Wait for every descendant that outlived its parent (a forkserver, a zygote): their CPU then counts."""
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+
+
+def _session(args: tuple[str, ...], basetemp: Path, junit: Path | None = None) -> tuple[float, float, str]:
+    """(wall s, CPU s of the whole process tree, pytest's summary line) of one pytest session."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(basetemp), *args]
+    cpu, start = _children_cpu(), time.perf_counter()
+    done = subprocess.run(
+        [*command, *([f"--junitxml={junit}"] if junit else [])], cwd=REPO, capture_output=True, text=True
+    )
     seconds = time.perf_counter() - start
+    _reap_orphans()
     lines = done.stdout.strip().splitlines()
-    return seconds, lines[-1].strip("= ") if lines else f"exit {done.returncode}"
+    return seconds, _children_cpu() - cpu, lines[-1].strip("= ") if lines else f"exit {done.returncode}"
 
 
 def _layers(junit: Path) -> dict[str, float]:
@@ -98,14 +134,17 @@ def main() -> None:
     """Measure and print; exit status 0 whatever the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50, help="timed forward+backward steps per tree")
+    parser.add_argument("--layers", action="store_true", help="also each layer's CPU-seconds, a session each")
     args = parser.parse_args()
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come back to us
     print(f"the whole suite, warm, one session; {_load()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="mtp-bench-") as tmp:
-        seconds, summary = _suite(Path(tmp) / "pytest", Path(tmp) / "junit.xml")
+        seconds, cpu, summary = _session((), Path(tmp) / "pytest", Path(tmp) / "junit.xml")
         print(
             f"{'suite':<40} {seconds:7.1f} s    target <= {SUITE_TARGET_S:.0f} s    {_verdict(seconds <= SUITE_TARGET_S)}"
         )
         print(f"  [{summary}]")
+        print(f"  {'CPU-seconds, whole process tree':<38} {cpu:7.1f} s    (/ 2 cores = {cpu / 2:.0f} s; {_load()})")
         for label, layer in sorted(_layers(Path(tmp) / "junit.xml").items(), key=lambda item: -item[1]):
             print(f"  {label:<38} {layer:7.1f} s")
         rss = _worker_rss(Path(tmp) / "pytest")
@@ -115,6 +154,12 @@ def main() -> None:
                 f"{'peak RSS, largest worker rank':<40} {worst:7.0f} MiB  of {len(rss)} ranks    "
                 f"target <= {RSS_TARGET_MIB:.0f} MiB    {_verdict(worst <= RSS_TARGET_MIB)}"
             )
+    if args.layers:
+        print(f"each layer as a session of its own (CPU-seconds of its whole process tree, then wall); {_load()}")
+        with tempfile.TemporaryDirectory(prefix="mtp-bench-layers-") as tmp:
+            for index, (label, layer_args) in enumerate(LAYER_SESSIONS):
+                seconds, cpu, summary = _session(layer_args, Path(tmp) / str(index))
+                print(f"  {label:<38} {cpu:7.1f} CPU-s {seconds:7.1f} s    [{summary}]", flush=True)
     _step_time(args.steps)
     print(_load(), flush=True)
 

@@ -275,12 +275,22 @@ def citations(figures: dict) -> dict:
 def run_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -> dict:
     """Run both arms (one process each, at once), write out_dir/figures.json and out_dir/effect.png, return the
     figures. ``trees``: unpatched and patched trees (default: the pinned release and the view)."""
+    return finish_effect(start_effect(out_dir, size, trees))
+
+
+def start_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -> tuple:
+    """Both arms started, not awaited (what finish_effect takes)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trees = trees or {"unpatched": release(pins()["megatron-bridge"]).root, "patched": VIEW}
-    started = time.perf_counter()
     runs = [Launch("effect", trees[arm], 1, out_dir / "arms" / arm, ("--size", size)) for arm in ARMS]
-    payloads = {arm: ranks[0] for arm, ranks in zip(ARMS, Started(runs, timeout=TIMEOUT_S[size]).wait())}
+    return out_dir, size, trees, time.perf_counter(), Started(runs, timeout=TIMEOUT_S[size])
+
+
+def finish_effect(started_effect: tuple) -> dict:
+    """Wait for both arms; write out_dir/figures.json and out_dir/effect.png; return the figures."""
+    out_dir, size, trees, started, arms = started_effect
+    payloads = {arm: ranks[0] for arm, ranks in zip(ARMS, arms.wait())}
     figures = figures_of(size, trees, payloads)
     figures["wall_seconds"] = time.perf_counter() - started
     figures["citations"] = citations(figures)

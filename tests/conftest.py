@@ -4,10 +4,13 @@ twice. The red/green and wrong-fix checks run last, after the tests whose outcom
 of other trees (red/green's base, the wrong-fix variants) depend on nothing this session does, so they start as soon
 as the suite is collected, on the core the rest of the suite leaves idle (`start_early` in their module)."""
 
+import compileall
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from mtp_mask_fix.paths import WORK
+from mtp_mask_fix.paths import VIEW, WORK
+from mtp_mask_fix.targets import pins, release
+from tests.support import sessions
 
 
 pytest_plugins = ["mtp_mask_fix.redgreen"]
@@ -20,6 +23,16 @@ def pytest_configure(config):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         os.environ["MTP_FIX_OUTCOMES"] = str(path)
+        _compile_the_trees()
+
+
+def _compile_the_trees() -> None:
+    """Bytecode for the pinned release and the view, written once (a second run only compares timestamps): the
+    session, the red/green and wrong-fix sessions and verify's probes all import them, and with
+    PYTHONDONTWRITEBYTECODE set (as on this machine) each import would otherwise compile Megatron-Bridge again."""
+    for tree in (release(pins()["megatron-bridge"]).root, VIEW):
+        if tree.is_dir():
+            compileall.compile_dir(tree, quiet=2, workers=1)
 
 
 def pytest_collection_modifyitems(items):
@@ -27,9 +40,10 @@ def pytest_collection_modifyitems(items):
 
 
 def pytest_collection_finish(session):
-    modules = {item.module for item in session.items if hasattr(item, "module")}
+    modules = sorted({item.module for item in session.items if hasattr(item, "module")}, key=lambda m: m.__name__)
     early = [module.start_early for module in modules if hasattr(module, "start_early")]
     if early:
         pool = ThreadPoolExecutor(len(early))  # each thread only waits on its sessions' process
-        for start in early:
+        for start in early:  # red/green's base session first: the longest of the batch
             start(pool)
+        sessions.BATCH.start(pool)

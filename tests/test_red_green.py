@@ -16,6 +16,7 @@ import pytest
 from mtp_mask_fix.paths import REPO, VIEW, is_gpt_step_of
 from mtp_mask_fix.redgreen import Job, Outcome, Run, problems, run_many
 from mtp_mask_fix.targets import pins, release
+from tests.support import sessions
 
 
 SUITES = {"unit": "tests/unit_tests", "functional": "tests/functional"}
@@ -36,13 +37,14 @@ def _this_session(suite_dir: str) -> Run:
 EARLY = {}
 
 
-def _base_session() -> Run:
-    return run_many([Job(tuple(SUITES.values()), release(pins()["megatron-bridge"]).root)])[0]
+def _base_job() -> Job:
+    return Job(tuple(SUITES.values()), release(pins()["megatron-bridge"]).root)
 
 
 def start_early(pool) -> None:
-    """The base's session, started by tests/conftest.py once the suite is collected."""
-    EARLY["base"] = pool.submit(_base_session)
+    """The base's session, queued by tests/conftest.py once the suite is collected (tests/support/sessions.py: one
+    warm runner for it and the wrong-fix variants)."""
+    EARLY["base"] = sessions.BATCH.add([_base_job()])
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def runs(base_tree):
     patched = {suite: _this_session(path) for suite, path in SUITES.items()}
     missing = [suite for suite, run in patched.items() if not run.outcomes]
     views = run_many([Job((SUITES[suite],), VIEW) for suite in missing]) if missing else []
-    base = EARLY["base"].result() if "base" in EARLY else _base_session()
+    base = (EARLY["base"]() if "base" in EARLY else sessions.run_now([_base_job()]))[0]
     patched |= dict(zip(missing, views))
     return {suite: {"base": base, "patched": patched[suite], "ids": list(patched[suite].outcomes)} for suite in SUITES}
 

@@ -26,6 +26,7 @@ from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST, VIEW, WORK
 from mtp_mask_fix.redgreen import Job, Outcome, run_many
 from mtp_mask_fix.targets import checkout
 from mtp_mask_fix.trees import materialise
+from tests.support import sessions
 
 
 GATE = r"    if use_mtp:\n"
@@ -80,15 +81,24 @@ def rewrite(text: str, edits: list[tuple[str, str]], where: str) -> str:
     return text
 
 
-def run_variants(base: Path, path: str, job: Job, work: Path, python: str = sys.executable) -> dict:
-    """One session per variant: `job`'s session on a copy of `base` whose `path` has the variant's rewrite; and
+def variant_jobs(base: Path, path: str, job: Job, work: Path) -> list[Job]:
+    """One session per variant: `job`'s session on a copy of `base` whose `path` has the variant's rewrite; then
     `job` itself ("carried": the fix as carried), so that every variant is held to the tests the fix runs."""
     text, jobs = (base / path).read_text(), []
     for index, edits in enumerate(VARIANTS.values()):
         tree = materialise(base, work / str(index), rewrite={path: rewrite(text, edits, str(base / path))})
         jobs.append(Job(job.args, tree / job.tree.relative_to(base), cwd=tree if job.cwd == base else job.cwd))
-    *variants, carried = run_many([*jobs, job], python)
+    return [*jobs, job]
+
+
+def by_variant(runs: list) -> dict:
+    """variant_jobs' runs by variant name, and "carried"."""
+    *variants, carried = runs
     return dict(zip(VARIANTS, variants)) | {"carried": carried}
+
+
+def run_variants(base: Path, path: str, job: Job, work: Path, python: str = sys.executable) -> dict:
+    return by_variant(run_many(variant_jobs(base, path, job, work), python))
 
 
 ADDED = WORK / "upstream-bound" / "test_gpt_step_added.py"
@@ -103,24 +113,25 @@ def _upstream_bound_tests() -> Path:
     return ADDED
 
 
-def _variant_runs() -> dict:
+def _variant_jobs() -> list[Job]:
     job = Job(("tests/unit_tests", str(_upstream_bound_tests())), VIEW)
-    return run_variants(VIEW, GPT_STEP, job, WORK / "variants")
+    return variant_jobs(VIEW, GPT_STEP, job, WORK / "variants")
 
 
 EARLY = {}
 
 
 def start_early(pool) -> None:
-    """The variants' sessions, started by tests/conftest.py once the suite is collected."""
-    EARLY["runs"] = pool.submit(_variant_runs)
+    """The variants' sessions, queued by tests/conftest.py once the suite is collected (tests/support/sessions.py:
+    one warm runner for them and red/green's base session)."""
+    EARLY["runs"] = sessions.BATCH.add(_variant_jobs())
 
 
 @pytest.fixture(scope="module")
 def runs():
     """tests/unit_tests and the upstream-bound tests once per variant, each against a copy of the view with its
     rewrite, and once on the view."""
-    return EARLY["runs"].result() if "runs" in EARLY else _variant_runs()
+    return by_variant(EARLY["runs"]() if "runs" in EARLY else sessions.run_now(_variant_jobs()))
 
 
 def _suites(run) -> dict[str, dict]:

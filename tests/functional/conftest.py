@@ -8,12 +8,14 @@ from tests.support import cpu_runtime, worker
 
 
 torch.set_num_threads(1)  # on this 2-core machine two threads were several times slower than one
+# Import the tree under test once, here, before anything runs, and fork the zygote every rank of it forks from: no
+# worker imports Megatron-Bridge again (tests/support/worker.py).
+worker.start_zygote()
 
 
 @pytest.fixture(scope="session")
 def tree() -> Path:
-    """The Megatron-Bridge tree this session imports, found without importing it (workers then start while this
-    process imports). Workers get the same one."""
+    """The Megatron-Bridge tree this session imports. Workers get the same one."""
     return worker.this_tree()
 
 

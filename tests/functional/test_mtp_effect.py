@@ -11,6 +11,7 @@ import json
 import math
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,20 +20,34 @@ from experiments import effect
 from experiments import figures as cited
 from mtp_mask_fix.paths import REPO, WORK, is_gpt_step_of
 from mtp_mask_fix.targets import pins, release
+from tests.support import worker
 
 
 BASE = release(pins()["megatron-bridge"]).root
 TOL = 1e-6  # core logs its acceptance as a float32 percent
 
 
+EARLY = {}
+
+
+def _start(out_dir: Path, tree: Path) -> tuple:
+    return effect.start_effect(out_dir, "small", trees={"unpatched": BASE, "patched": tree})
+
+
+def start_early(pool) -> None:
+    """Both arms, started by tests/conftest.py once the suite is collected: the unpatched arm (a process that imports
+    the release cold) then runs beside the tests before this module's, not in their way."""
+    EARLY["effect"] = _start(Path(tempfile.mkdtemp(prefix="mtp-effect-")), worker.this_tree())
+
+
 @pytest.fixture(scope="module")
 def out_dir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("effect")
+    return EARLY["effect"][0] if "effect" in EARLY else tmp_path_factory.mktemp("effect")
 
 
 @pytest.fixture(scope="module")
 def figures(out_dir, tree):
-    return effect.run_effect(out_dir, "small", trees={"unpatched": BASE, "patched": tree})
+    return effect.finish_effect(EARLY["effect"] if "effect" in EARLY else _start(out_dir, tree))
 
 
 def _numbers(value):

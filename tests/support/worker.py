@@ -6,18 +6,27 @@ tree under test once.
 Each rank saves what MODE returns to DIR/rank<r>.pt: raw measurements only; the tests make every assertion.
 TREE (first on the import path) is the Megatron-Bridge under test. ``launch`` / ``launch_all`` run workers and wait;
 ``start`` returns at once (a test's own work then overlaps the workers' start-up).
+
+In a test session the ranks of its own tree fork from a zygote: a fork of the session's process made by
+tests/functional/conftest.py once that process has imported the tree, before it has run anything (no thread, no
+process group). Outside one (bench, ./run effect) they fork from torch's forkserver, which imports the tree cold.
 """
 
 import argparse
+import importlib
 import importlib.util
+import json
 import os
+import pickle
 import resource
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +70,9 @@ class Started:
         here = this_tree()
         for run in runs:
             run.out.mkdir(parents=True, exist_ok=True)
-            if here is not None and run.tree.resolve() == here.resolve():
+            if ZYGOTE is not None and run.tree.resolve() == ZYGOTE.tree:
+                self._handles.append(ZYGOTE.start(run))
+            elif here is not None and run.tree.resolve() == here.resolve():
                 self._handles.append(ranks(run.ranks, run.argv()))
             else:
                 log = open(run.out / "worker.log", "w")
@@ -75,7 +86,10 @@ class Started:
         if self._payloads is None:
             failed = []
             for run, handle in zip(self.runs, self._handles):
-                if isinstance(handle, tuple):
+                if isinstance(handle, ZygoteRun):
+                    if error := handle.wait(self.timeout):
+                        failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed: {error}")
+                elif isinstance(handle, tuple):
                     proc, log = handle
                     try:
                         code = proc.wait(timeout=self.timeout)
@@ -123,10 +137,163 @@ def ranks(world: int, argv: list[str]):
     import torch.multiprocessing as mp
 
     mp.set_forkserver_preload(["tests.support.worker", GPT_STEP_MODULE])
+    return mp.start_processes(_rank, (world, _free_port(), argv), nprocs=world, join=False, start_method="forkserver")
+
+
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return mp.start_processes(_rank, (world, port, argv), nprocs=world, join=False, start_method="forkserver")
+        return probe.getsockname()[1]
+
+
+# ---------------------------------------------------------------- the zygote (a test session's own tree)
+
+ZYGOTE = None  # this session's Zygote, once tests/functional/conftest.py has made it
+PRELOAD = ("tests.support.pipeline", "tests.support.moe", "experiments.effect_arm")  # what the modes import lazily
+
+
+def start_zygote() -> None:
+    """Import this process's tree (and what the modes import), then fork the zygote its ranks will fork from. Only
+    while this process runs no other Python thread: a fork copies the calling thread alone, and a lock another thread
+    held would stay held in every rank. (The native threads torch and megatron start at import are the forkserver's
+    too.) Otherwise, or with no megatron.bridge on the path, ranks keep to the forkserver."""
+    global ZYGOTE
+    tree = this_tree()
+    if ZYGOTE is not None or tree is None:
+        return
+    for module in (GPT_STEP_MODULE, *PRELOAD):
+        importlib.import_module(module)
+    if threading.active_count() == 1:
+        ZYGOTE = Zygote(tree.resolve())
+
+
+class Zygote:
+    """A fork of this process that forks, per worker run, a supervisor, which forks the ranks and waits for them.
+
+    It reads runs from a pipe and exits when that pipe closes (this process ended). Nothing in it runs a test: each
+    rank starts from the state this process had when the zygote was made, as a forkserver child starts from the
+    forkserver's."""
+
+    def __init__(self, tree: Path):
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(write)
+            _serve(read)  # never returns
+        os.close(read)
+        self.tree, self.pid, self._requests = tree, pid, os.fdopen(write, "wb")
+
+    def start(self, run: Launch) -> "ZygoteRun":
+        return self.submit(run.ranks, run.argv(), run.out)
+
+    def submit(self, world: int, argv: list[str], out: Path) -> "ZygoteRun":
+        for stale in ("exit.json", "supervisor.pid", *(f"rank{r}.err" for r in range(world))):
+            (out / stale).unlink(missing_ok=True)
+        pickle.dump((world, argv, str(out), _free_port()), self._requests)
+        self._requests.flush()
+        return ZygoteRun(out)
+
+
+class ZygoteRun:
+    """One run's supervisor, seen through the files it leaves in the run's out directory."""
+
+    def __init__(self, out: Path):
+        self.out = out
+
+    def wait(self, timeout: float) -> str | None:
+        """None once every rank exited 0; else what failed (each failed rank's traceback)."""
+        done, deadline, pause = self.out / "exit.json", time.monotonic() + timeout, 0.005
+        while not done.exists():
+            if time.monotonic() > deadline:
+                pid = (self.out / "supervisor.pid").read_text() if (self.out / "supervisor.pid").exists() else ""
+                if pid:
+                    os.killpg(int(pid), signal.SIGKILL)  # the supervisor's own group: it and its ranks
+                return f"no result in {timeout:.0f} s"
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+        codes = json.loads(done.read_text())["codes"]
+        if not any(codes):
+            return None
+        errors = [(self.out / f"rank{r}.err") for r, code in enumerate(codes) if code]
+        told = [e.read_text() for e in errors if e.exists()]
+        log = (self.out / "ranks.log").read_text(errors="replace")[-4000:]
+        return f"exit codes {codes}\n" + "\n".join(told or [log])
+
+
+def _serve(requests_fd: int) -> None:
+    """The zygote: one supervisor per run read from the pipe; exits when the pipe closes."""
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C is the session's to handle
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        requests = os.fdopen(requests_fd, "rb")
+        while True:
+            try:
+                world, argv, out, port = pickle.load(requests)
+            except EOFError:
+                break
+            if os.fork() == 0:
+                _supervise(world, argv, Path(out), port)  # never returns
+            while True:  # reap the supervisors that have finished
+                try:
+                    if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                        break
+                except ChildProcessError:
+                    break
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _supervise(world: int, argv: list[str], out: Path, port: int) -> None:
+    """Fork the ranks, wait for all; a failed rank ends the others (as torch's ProcessContext does). Leaves
+    out/exit.json with each rank's exit code, and a failed rank's traceback in out/rank<r>.err."""
+    code, codes = 1, {}
+    try:
+        os.setpgid(0, 0)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "supervisor.pid").write_text(str(os.getpid()))
+        log = os.open(out / "ranks.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        pids = {}
+        for rank in range(world):
+            pid = os.fork()
+            if pid == 0:
+                _zygote_rank(rank, world, port, argv, out)  # never returns
+            pids[pid] = rank
+        while len(codes) < world:
+            pid, status = os.wait()
+            codes[pids[pid]] = os.waitstatus_to_exitcode(status)
+            if codes[pids[pid]] != 0:
+                for other, rank in pids.items():
+                    if rank not in codes:
+                        os.kill(other, signal.SIGKILL)
+        code = 0
+    finally:  # whatever happened, the waiting session learns it here (-1: the rank's end is unknown)
+        try:
+            tmp = out / "exit.json.tmp"
+            tmp.write_text(json.dumps({"codes": [codes.get(r, -1) if code == 0 else -1 for r in range(world)]}))
+            tmp.rename(out / "exit.json")
+        finally:
+            os._exit(code)
+
+
+def _zygote_rank(rank: int, world: int, port: int, argv: list[str], out: Path) -> None:
+    code = 1
+    try:
+        _rank(rank, world, port, argv)
+        code = 0
+    except BaseException:
+        (out / f"rank{rank}.err").write_text(f"rank {rank}:\n{traceback.format_exc()}")
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _rank(rank: int, world: int, port: int, argv: list[str]) -> None:
@@ -257,9 +424,14 @@ def run_rank(argv: list[str]) -> None:
 def main(argv: list[str] | None = None) -> None:
     """A run of another tree than the caller's: this process has that tree first on its import path."""
     argv = sys.argv[1:] if argv is None else argv
-    context = ranks(_parser().parse_args(argv).ranks, argv)
-    while not context.join():
-        pass
+    args = _parser().parse_args(argv)
+    start_zygote()  # this process imports the tree once; its ranks fork from it
+    if ZYGOTE is None:
+        context = ranks(args.ranks, argv)
+        while not context.join():
+            pass
+    elif error := ZYGOTE.submit(args.ranks, argv, args.out).wait(timeout=float("inf")):
+        sys.exit(error)
 
 
 if __name__ == "__main__":
