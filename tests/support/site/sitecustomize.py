@@ -46,14 +46,32 @@ def _stub_class(name: str) -> type:
 
 
 class _StubBeforeBridge(importlib.abc.MetaPathFinder):
-    """Stubs TransformerEngine right before the first import of megatron.bridge, not at start-up: a process that
-    never imports Megatron-Bridge (git helpers, the tool itself) pays nothing."""
+    """Stubs TransformerEngine right before the first import of megatron.bridge runs, not at start-up and not when a
+    process only looks it up (`importlib.util.find_spec`, as `mtp-mask-fix check` does): a process that never
+    imports Megatron-Bridge (git helpers, the tool itself) pays nothing."""
 
     def find_spec(self, name, path=None, target=None):
-        if name == "megatron.bridge":
-            sys.meta_path.remove(self)
-            _stub_transformer_engine()
-        return None
+        if name != "megatron.bridge":
+            return None
+        others = (finder for finder in sys.meta_path if finder is not self and hasattr(finder, "find_spec"))
+        spec = next((found for finder in others if (found := finder.find_spec(name, path, target))), None)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _StubThenLoad(spec.loader)
+        return spec
+
+
+class _StubThenLoad(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return self.real.create_module(spec)
+
+    def exec_module(self, module):
+        sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _StubBeforeBridge)]
+        _stub_transformer_engine()
+        module.__loader__ = module.__spec__.loader = self.real  # as if the hook had never been there
+        self.real.exec_module(module)
 
 
 def install() -> None:
