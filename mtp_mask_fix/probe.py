@@ -10,11 +10,12 @@ stand-in for Bridge's GlobalState (one copy).
 
 import json
 from types import SimpleNamespace
-from unittest.mock import MagicMock
 
 
 def make_state(*, packed: bool = False, attention_mask_from_dataset: bool = True):
     """The parts of Bridge's GlobalState that gpt_step.forward_step reads; timers do nothing."""
+    from unittest.mock import MagicMock  # here: the tool imports this module and its commands need no mock
+
     dataset = SimpleNamespace(
         enable_offline_packing=packed,
         offline_packing_specs=None,

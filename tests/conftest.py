@@ -14,6 +14,7 @@ from tests.support import sessions
 
 
 pytest_plugins = ["mtp_mask_fix.redgreen"]
+FIRST = "tests/tool/"
 LAST = ("tests/test_red_green.py", "tests/test_wrong_fixes.py")
 
 
@@ -36,7 +37,10 @@ def _compile_the_trees() -> None:
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.nodeid.startswith(LAST))  # stable: the order within each group is kept
+    """The tool's tests first: one CLI process at a time, they leave a core to the background sessions (and the
+    functional tests, which keep both busy, run once those are done); the checks that read outcomes last. Stable:
+    the order within each group is kept."""
+    items.sort(key=lambda item: (not item.nodeid.startswith(FIRST), item.nodeid.startswith(LAST)))
 
 
 def pytest_collection_finish(session):

@@ -8,7 +8,6 @@ These tests never import torch or megatron: they run the tool as a user does.
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -135,20 +134,20 @@ def git(tool_env):
     return run
 
 
+def digests(*roots: Path) -> dict[str, str]:
+    """sha256 of every file under the given roots (relative path -> digest, file mode included); links not followed."""
+    found = {}
+    for root in roots:
+        for path in sorted(Path(root).rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                found[str(path)] = hashlib.sha256(path.read_bytes() + oct(path.stat().st_mode).encode()).hexdigest()
+    return found
+
+
 @pytest.fixture
 def snapshot():
-    """sha256 of every file under the given roots (relative path -> digest, file mode included)."""
-
-    def take(*roots: Path) -> dict[str, str]:
-        digests = {}
-        for root in roots:
-            for path in sorted(Path(root).rglob("*")):
-                if path.is_file() and not path.is_symlink():
-                    data = path.read_bytes() + oct(path.stat().st_mode).encode()
-                    digests[str(path)] = hashlib.sha256(data).hexdigest()
-        return digests
-
-    return take
+    """digests(*roots), for the tests to compare a target before and after."""
+    return digests
 
 
 @pytest.fixture
@@ -228,14 +227,6 @@ def edit(git):
             git(tree.root, "commit", "--quiet", "-am", f"upstream edits {path.name}")
 
     return change
-
-
-@pytest.fixture
-def full_release_copy(tmp_path, release) -> Tree:
-    """A complete, importable copy of the release (for the behaviour probe, which imports megatron.bridge)."""
-    root = tmp_path / "full-site-packages"
-    shutil.copytree(release.root, root, ignore=shutil.ignore_patterns("__pycache__"))
-    return Tree(root, "installed")
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from mtp_mask_fix.paths import GPT_STEP, WORK
 from mtp_mask_fix.targets import release as release_target
 from mtp_mask_fix.trees import materialise
 
-from .conftest import FIXED, PINNED, SUBMITTER, UPSTREAM_TEST, Tree
+from .conftest import FIXED, PINNED, SUBMITTER, UPSTREAM_TEST, Tree, digests
 
 
 PATCH_FILE = "patches/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
@@ -312,19 +312,6 @@ class TestApplyBranch:
 class TestApplySitePackages:
     """apply on an installed package: the source hunk only, verified by behaviour (the probe imports the tree)."""
 
-    def test_apply_and_probe(self, cli, snapshot, full_release_copy, patched_gpt_step):
-        before = snapshot(full_release_copy.root)
-        result = cli("apply", full_release_copy.root)  # runs the behaviour probe (~10 s)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == (
-            f"{full_release_copy.root}: applied (source hunks only, {PATCH_FILE}); verified with {sys.executable}: "
-            "the model receives the batch's loss_mask with MTP on"
-        )
-        after = snapshot(full_release_copy.root)
-        assert {path for path in after if before.get(path) != after[path]} == {str(full_release_copy.gpt_step)}
-        assert set(after) == set(before)  # no tests/ and no stray files added
-        assert full_release_copy.gpt_step.read_text() == patched_gpt_step
-
     def test_failed_verification_rolls_back(self, cli, tmp_path, refused, snapshot, site_packages):
         """An interpreter whose probe finds no loss_mask: exit 5, and the file is put back."""
         fake_python = tmp_path / "fake-python"
@@ -364,11 +351,11 @@ VERIFY_CASES = {  # name: (gpt_step.py edit, apply this patch first); one copy o
 
 
 def _verify_cases() -> dict:
-    """`verify` on each case's site-packages, all at once: each run imports a whole Megatron-Bridge in a fresh
+    """`verify` (or, for "patched", `apply`, which verifies) on each case's site-packages, all at once: each run imports a whole Megatron-Bridge in a fresh
     interpreter. A case's site-packages is the release with its own gpt_step.py (and the directories above it); every
     other directory links to the release's, bytecode cache included (trees.materialise), so no run recompiles it.
 
-    Returns (the site-packages, the verify result, then the check result) per case."""
+    Returns (the site-packages, the verify or apply result, the check result, digests before, after) per case."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     release = release_target(PINNED)
     shutil.rmtree(WORK / "verify-cases", ignore_errors=True)
@@ -382,13 +369,13 @@ def _verify_cases() -> dict:
             rewrite={GPT_STEP: text.replace(*edit) if edit else text},
         )
         tool = [sys.executable, "-m", "mtp_mask_fix"]
-        if apply:
-            subprocess.run([*tool, "apply", "--no-verify", str(root)], env=env, check=True, capture_output=True)
-        done = [
-            subprocess.run([*tool, cmd, str(root)], env=env, capture_output=True, text=True)
-            for cmd in ("verify", "check")
-        ]
-        return root, *done
+        before = digests(root)
+        # apply verifies by behaviour itself: after it, the probe of `verify` would only repeat it
+        commands = (
+            [["apply", str(root)], ["check", str(root)]] if apply else [["verify", str(root)], ["check", str(root)]]
+        )
+        done = [subprocess.run([*tool, *command], env=env, capture_output=True, text=True) for command in commands]
+        return root, *done, before, digests(root)
 
     with ThreadPoolExecutor(len(VERIFY_CASES)) as pool:
         return dict(zip(VERIFY_CASES, pool.map(run, VERIFY_CASES)))
@@ -415,17 +402,21 @@ class TestVerify:
             verified["unpatched"][1], 5, f"not verified with {sys.executable}", "received no loss_mask with MTP on"
         )
 
-    def test_passes_after_apply(self, verified):
-        root, result, _ = verified["patched"]
+    def test_apply_verifies_by_behaviour_and_changes_only_gpt_step(self, verified, patched_gpt_step):
+        """On an installed package: the source hunk only, verified by the probe under the training interpreter."""
+        root, result, _, before, after = verified["patched"]
         assert (result.returncode, result.stderr) == (0, "")
-        assert (
-            result.stdout
-            == f"{root}: verified with {sys.executable}: the model receives the batch's loss_mask with MTP on\n"
+        assert result.stdout == (
+            f"{root}: applied (source hunks only, {PATCH_FILE}); verified with {sys.executable}: "
+            "the model receives the batch's loss_mask with MTP on\n"
         )
+        assert {path for path in after if before.get(path) != after[path]} == {str(root / GPT_STEP)}
+        assert set(after) == set(before)  # no tests/, no journal, no stray files
+        assert (root / GPT_STEP).read_text() == patched_gpt_step
 
     def test_an_equivalent_fix_that_is_not_this_patch_passes(self, verified):
         """Judged by the mask's values (the batch's mask reaches the probe's model as a copy of its own)."""
-        _, result, checked = verified["always, as #6105"]
+        _, result, checked, *_ = verified["always, as #6105"]
         assert result.returncode == 0, result.stderr
         assert verdict(checked, 3).endswith(
             "an equivalent fix: gpt_step passes loss_mask to the model; retire the patch"

@@ -6,7 +6,6 @@ Each shim acts only when the real thing is missing, so with Python >= 3.12 and T
 nothing.
 """
 
-import importlib.abc
 import importlib.util
 import sys
 import types
@@ -45,7 +44,7 @@ def _stub_class(name: str) -> type:
     return type(name, (), {})
 
 
-class _StubBeforeBridge(importlib.abc.MetaPathFinder):
+class _StubBeforeBridge:  # a meta path finder (not importlib.abc's: that import costs every process 25 ms)
     """Stubs TransformerEngine right before the first import of megatron.bridge runs, not at start-up and not when a
     process only looks it up (`importlib.util.find_spec`, as `mtp-mask-fix check` does): a process that never
     imports Megatron-Bridge (git helpers, the tool itself) pays nothing."""
@@ -60,7 +59,7 @@ class _StubBeforeBridge(importlib.abc.MetaPathFinder):
         return spec
 
 
-class _StubThenLoad(importlib.abc.Loader):
+class _StubThenLoad:  # a loader
     def __init__(self, real):
         self.real = real
 
