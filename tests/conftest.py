@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from mtp_mask_fix.paths import VIEW, WORK
 from mtp_mask_fix.targets import pins, release
-from tests.support import sessions
 
 
 pytest_plugins = ["mtp_mask_fix.redgreen"]
@@ -50,4 +49,6 @@ def pytest_collection_finish(session):
         pool = ThreadPoolExecutor(len(early))  # each thread only waits on its sessions' process
         for start in early:  # red/green's base session first: the longest of the batch
             start(pool)
+        from tests.support import sessions  # here: importing redgreen before pytest_plugins would warn
+
         sessions.BATCH.start(pool)
