@@ -13,6 +13,7 @@ process group). Outside one (bench, ./run effect) they fork from torch's forkser
 """
 
 import argparse
+import ctypes
 import importlib
 import importlib.util
 import json
@@ -235,6 +236,7 @@ def _serve(requests_fd: int) -> None:
             except EOFError:
                 break
             if os.fork() == 0:
+                requests.close()  # a supervisor must not keep the zygote's pipe open
                 _supervise(world, argv, Path(out), port)  # never returns
             while True:  # reap the supervisors that have finished
                 try:
@@ -248,22 +250,30 @@ def _serve(requests_fd: int) -> None:
         os._exit(code)
 
 
+def _die_with_parent() -> None:
+    """SIGKILL when the parent dies (Linux's PR_SET_PDEATHSIG): no rank outlives a killed supervisor or session."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
 def _supervise(world: int, argv: list[str], out: Path, port: int) -> None:
     """Fork the ranks, wait for all; a failed rank ends the others (as torch's ProcessContext does). Leaves
     out/exit.json with each rank's exit code, and a failed rank's traceback in out/rank<r>.err."""
     code, codes = 1, {}
     try:
+        _die_with_parent()  # its own process group (below): a kill of the session's group would not reach it
         os.setpgid(0, 0)
         out.mkdir(parents=True, exist_ok=True)
         (out / "supervisor.pid").write_text(str(os.getpid()))
         log = os.open(out / "ranks.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(log, 1)
         os.dup2(log, 2)
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__  # not the session's capture, if it had one
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         pids = {}
         for rank in range(world):
             pid = os.fork()
             if pid == 0:
+                _die_with_parent()
                 _zygote_rank(rank, world, port, argv, out)  # never returns
             pids[pid] = rank
         while len(codes) < world:
