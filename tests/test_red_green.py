@@ -58,7 +58,7 @@ def runs(base_tree):
     patched = {suite: _this_session(path) for suite, path in SUITES.items()}
     missing = [suite for suite, run in patched.items() if not run.outcomes]
     views = run_many([Job((SUITES[suite],), VIEW) for suite in missing]) if missing else []
-    base = (EARLY["base"]() if "base" in EARLY else sessions.run_now([_base_job()]))[0]
+    base = (EARLY["base"]() if "base" in EARLY else run_many([_base_job()]))[0]
     patched |= dict(zip(missing, views))
     return {suite: {"base": base, "patched": patched[suite], "ids": list(patched[suite].outcomes)} for suite in SUITES}
 

@@ -131,7 +131,7 @@ def start_early(pool) -> None:
 def runs():
     """tests/unit_tests and the upstream-bound tests once per variant, each against a copy of the view with its
     rewrite, and once on the view."""
-    return by_variant(EARLY["runs"]() if "runs" in EARLY else sessions.run_now(_variant_jobs()))
+    return by_variant(EARLY["runs"]() if "runs" in EARLY else run_many(_variant_jobs()))
 
 
 def _suites(run) -> dict[str, dict]:

@@ -3,7 +3,7 @@
 two at a time, instead of one warm process per module. Modules add their jobs in `start_early`; tests/conftest.py
 starts the batch once every module has added its own."""
 
-from mtp_mask_fix.redgreen import Job, Run, run_many
+from mtp_mask_fix.redgreen import Job, run_many
 
 
 class Batch:
@@ -23,8 +23,3 @@ class Batch:
 
 
 BATCH = Batch()
-
-
-def run_now(jobs: list[Job]) -> list[Run]:
-    """The same sessions, outside a suite (a module run on its own)."""
-    return run_many(jobs)
