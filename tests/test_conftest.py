@@ -1,0 +1,26 @@
+"""tests/conftest.py starts the background sessions once the suite is collected. A module whose start fails (the
+patch drifted, no network) fails its own tests; it must not end the whole session with an INTERNALERROR, nor keep
+the other modules' sessions from starting."""
+
+from types import ModuleType, SimpleNamespace
+
+from tests import conftest
+from tests.support import sessions
+
+
+def _item(name: str, start_early) -> SimpleNamespace:
+    module = ModuleType(name)
+    module.start_early = start_early
+    return SimpleNamespace(module=module)
+
+
+def test_a_failing_start_leaves_the_session_and_the_other_starts(monkeypatch):
+    monkeypatch.setattr(sessions, "BATCH", sessions.Batch())
+    started = []
+
+    def drifted(pool):
+        raise RuntimeError("the patch does not apply")
+
+    items = [_item("tests.test_a", drifted), _item("tests.test_b", lambda pool: started.append("b"))]
+    conftest.pytest_collection_finish(SimpleNamespace(items=items))
+    assert started == ["b"]
