@@ -25,7 +25,7 @@ class Interrupted(BaseException):
     """A signal arrived; a BaseException, so that no `except Exception` on the way swallows it."""
 
     def __init__(self, signum: int):
-        self.name, self.code = signal.Signals(signum).name, Exit.interrupted(signum)
+        self.name, self.code = signal.Signals(signum).name, Exit.INTERRUPTED + signum
         super().__init__(self.name)
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from mtp_mask_fix import apply, check, targets
-from mtp_mask_fix.errors import Exit, ToolError, exit_help
+from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.patch import Patch
 
 
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mtp-mask-fix",
         description=__doc__.split("\n\n")[0],
-        epilog=exit_help(),
+        epilog=exit_table(markdown=False),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
