@@ -15,13 +15,7 @@ from mtp_mask_fix.git import git
 from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PINS, WORK
 
 
-class Kind(Enum):
-    """The shapes a TARGET can take."""
-
-    CHECKOUT = "git checkout"
-    TREE = "source tree"
-    INSTALLED = "installed package"
-    RELEASE = "PyPI release"
+Kind = Enum("Kind", "CHECKOUT TREE INSTALLED RELEASE")  # the shapes a TARGET can take
 
 
 @dataclass(frozen=True)
