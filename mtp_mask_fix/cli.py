@@ -90,10 +90,8 @@ def cmd_refresh(args) -> tuple[str, Exit]:
 def cmd_status(args) -> tuple[str, Exit]:
     patch = Patch.load(args.patch)
     block = "".join(f"  {key}: {value}\n" for key, value in patch.metadata.items())
-    return (
-        f"{patch.path.name}: {patch.subject}\n{block}  on {check.check(targets.resolve(args.target), patch)}",
-        Exit.OK,
-    )
+    verdict = check.check(targets.resolve(args.target), patch)
+    return f"{patch.path.name}: {patch.subject}\n{block}  on {verdict}", Exit.OK
 
 
 def cmd_pr(args) -> tuple[str, Exit]:
