@@ -117,9 +117,8 @@ def left(root: Path) -> str | None:
     for rel, (before, after) in entries.items():
         now = (root / rel).read_bytes() if (root / rel).is_file() else None
         patched = now is not None and hashlib.sha256(now).hexdigest() == after
-        said.append(
-            f"{rel} " + ("as before" if now == before else "patched, not verified" if patched else "changed since")
-        )
+        state = "as before" if now == before else "patched, not verified" if patched else "changed since"
+        said.append(f"{rel} {state}")
     return ", ".join(said) or "no file replaced"
 
 

@@ -85,9 +85,8 @@ def release(version: str) -> Target:
     root = WORK / "pypi" / version
     if version == "latest" or not (root / PACKAGE).is_dir() or not metadata_file(root):
         root = _download(version)
-    return Target(
-        f"megatron-bridge=={root.name} (PyPI{', latest' if version == 'latest' else ''})", root, Kind.RELEASE
-    )
+    latest = ", latest" if version == "latest" else ""
+    return Target(f"megatron-bridge=={root.name} (PyPI{latest})", root, Kind.RELEASE)
 
 
 def _download(version: str) -> Path:
