@@ -34,8 +34,14 @@ def _python(args) -> str:
 
 
 def _target(args, python: str) -> targets.Target:
-    """TARGET as given, or the Megatron-Bridge that `python` imports (the training environment's own)."""
-    return targets.resolve(args.target or str(check.imported_by(python)))
+    """TARGET as given, or the Megatron-Bridge that `python` imports (the training environment's; not imported)."""
+    if args.target:
+        return targets.resolve(args.target)
+    code = "import importlib.util as u; print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
+    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
+    return targets.resolve(str(Path(found.stdout.strip()).parents[1]))
 
 
 def cmd_check(args) -> tuple[str, Exit]:
