@@ -194,12 +194,8 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
             commit = git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
         finally:
             git("worktree", "remove", "--force", worktree, cwd=root, check=False)
-    git("branch", branch, commit, cwd=root)
-    try:
-        _git(target, "switch", "--quiet", branch, cwd=root)  # git refuses it if it would lose local edits
-    except BaseException:
-        git("branch", "--quiet", "-D", branch, cwd=root, check=False)
-        raise
+    # The branch is made by the switch, and only if it succeeds (git refuses one that would lose local edits).
+    _git(target, "switch", "--quiet", "--create", branch, commit, cwd=root)
     return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `mtp-mask-fix pr`"
 
 
