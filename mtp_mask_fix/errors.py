@@ -28,15 +28,12 @@ class Exit(IntEnum):
         "128 + n: interrupted by signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); the target is as before",
     )
 
-    @property
-    def shown(self) -> str:
-        return "128+n" if self is Exit.INTERRUPTED else str(int(self))
-
 
 def exit_table(markdown: bool = True) -> str:
     """README's exit-code table (markdown), or the list `--help` ends with."""
     head, row = ("| exit | meaning |\n| --- | --- |", "| {} | {} |") if markdown else ("exit codes:", "  {:>5}  {}")
-    return "\n".join([head, *(row.format(code.shown, code.meaning) for code in Exit)])
+    rows = [row.format("128+n" if code is Exit.INTERRUPTED else int(code), code.meaning) for code in Exit]
+    return "\n".join([head, *rows])
 
 
 class ToolError(Exception):
