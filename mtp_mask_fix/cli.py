@@ -1,7 +1,7 @@
 """mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
 
 Each cmd_* returns what it prints and its exit code. The repo's own commands (gate, refresh, pr, view) import their
-modules when run: a training container needs none of them (nor Python 3.11's tomllib).
+modules when run: a training container needs none of them.
 """
 
 import argparse
@@ -14,6 +14,7 @@ from pathlib import Path
 from mtp_mask_fix import apply, check, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import PACKAGE, VIEW
 
 
 TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
@@ -107,9 +108,12 @@ def cmd_pr(args) -> tuple[str, Exit]:
 
 
 def cmd_view(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import trees  # a repo command (see the module docstring)
+    from mtp_mask_fix.trees import materialise  # a repo command (see the module docstring)
 
-    return trees.write_view(Patch.load(args.patch)), Exit.OK
+    pinned = targets.release(targets.pins()["megatron-bridge"])
+    materialise(pinned.root, VIEW, Patch.load(args.patch), src=True)
+    unpatched = pinned.root.relative_to(VIEW.parent)
+    return f"view: src/{PACKAGE} = {pinned.label} + patch (unpatched: {unpatched})", Exit.OK
 
 
 def build_parser() -> argparse.ArgumentParser:
