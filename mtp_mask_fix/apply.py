@@ -159,11 +159,10 @@ def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str
         return before, {rel: Path(tmp, rel).read_bytes() for rel in files}
 
 
-def valid_branch(branch: str) -> str:
-    """A branch name git accepts (`git check-ref-format --branch`), or a refusal before any work."""
+def valid_branch(branch: str) -> None:
+    """A refusal before any work unless git accepts the branch name (`git check-ref-format --branch`)."""
     if not branch or git("check-ref-format", "--branch", branch, check=False).returncode != 0:
         raise ToolError(f"--branch {branch!r}: not a valid branch name (git check-ref-format --branch)")
-    return branch
 
 
 def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
