@@ -94,49 +94,45 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
     by behaviour; rolled back unless it holds or on a signal before the end, which exits 128+n saying which."""
     if target.kind == Kind.RELEASE:
         raise ToolError(f"{target.label} is a downloaded release; apply to a checkout or an installed package")
-    with Guard():  # also when called without the CLI's
-        return _apply(target, patches, python)
-
-
-def _apply(target: Target, patches: list[Patch], python: str | None) -> tuple[str, Exit]:
     root, finished = target.root, ""
-    try:
-        with held():
-            said = restore(root)
-        recovered = f"{target.label}: restored the files an interrupted apply left ({said})\n" if said else ""
-        verdict = check(target, patches)
-        if fixed := already_fixed(verdict):
-            return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed", Exit.OK
-        before, after = _new_bytes(target, verdict.patch)
-        digest = {rel: hashlib.sha256(data).hexdigest() for rel, data in after.items()}
-        entries = {
-            rel: {"before": base64.b64encode(data).decode(), "after": digest[rel]} for rel, data in before.items()
-        }
-        phase("checked")
-        with held():
-            write_atomic(root / JOURNAL, json.dumps({"files": entries}).encode())
-        phase("journaled")
-        with held():
-            for rel, data in after.items():
-                write_atomic(root / rel, data)
-        phase("replaced")
-        delivered, reason = verify(target, python) if python else (True, "")
-        if not delivered:
-            raise ToolError(f"{target.label}: rolled back: {reason}", Exit.FAILED)
-        phase("verified")
-        with held():
-            (root / JOURNAL).unlink()
-            finished = "the apply had finished: patched" + (" and verified" if python else " (not verified)")
-        phase("done")
-        verified = f"; verified with {python}: {reason}" if python else ""
-        return f"{recovered}{target.label}: applied ({verdict.detail}){verified}", Exit.OK
-    except BaseException as exc:
-        with held():
-            rolled_back = restore(root)
-        if not isinstance(exc, Interrupted):
-            raise
-        state = "rolled back: the files are as before" if rolled_back else finished or "nothing changed"
-        raise ToolError(f"{target.label}: interrupted by {exc.name}: {state}", exc.code) from None
+    with Guard():  # also when called without the CLI's
+        try:
+            with held():
+                said = restore(root)
+            recovered = f"{target.label}: restored the files an interrupted apply left ({said})\n" if said else ""
+            verdict = check(target, patches)
+            if fixed := already_fixed(verdict):
+                return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed", Exit.OK
+            before, after = _new_bytes(target, verdict.patch)
+            digest = {rel: hashlib.sha256(data).hexdigest() for rel, data in after.items()}
+            entries = {
+                rel: {"before": base64.b64encode(data).decode(), "after": digest[rel]} for rel, data in before.items()
+            }
+            phase("checked")
+            with held():
+                write_atomic(root / JOURNAL, json.dumps({"files": entries}).encode())
+            phase("journaled")
+            with held():
+                for rel, data in after.items():
+                    write_atomic(root / rel, data)
+            phase("replaced")
+            delivered, reason = verify(target, python) if python else (True, "")
+            if not delivered:
+                raise ToolError(f"{target.label}: rolled back: {reason}", Exit.FAILED)
+            phase("verified")
+            with held():
+                (root / JOURNAL).unlink()
+                finished = "the apply had finished: patched" + (" and verified" if python else " (not verified)")
+            phase("done")
+            verified = f"; verified with {python}: {reason}" if python else ""
+            return f"{recovered}{target.label}: applied ({verdict.detail}){verified}", Exit.OK
+        except BaseException as exc:
+            with held():
+                rolled_back = restore(root)
+            if not isinstance(exc, Interrupted):
+                raise
+            state = "rolled back: the files are as before" if rolled_back else finished or "nothing changed"
+            raise ToolError(f"{target.label}: interrupted by {exc.name}: {state}", exc.code) from None
 
 
 def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str, bytes]]:
