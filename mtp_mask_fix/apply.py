@@ -25,7 +25,7 @@ class Interrupted(BaseException):
     """A signal arrived; a BaseException, so that no `except Exception` on the way swallows it."""
 
     def __init__(self, signum: int):
-        self.name, self.code = signal.Signals(signum).name, Exit.interrupted(signum)
+        self.name, self.code = signal.Signals(signum).name, Exit.INTERRUPTED + signum
         super().__init__(self.name)
 
 
@@ -94,49 +94,45 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
     by behaviour; rolled back unless it holds or on a signal before the end, which exits 128+n saying which."""
     if target.kind == Kind.RELEASE:
         raise ToolError(f"{target.label} is a downloaded release; apply to a checkout or an installed package")
-    with Guard():  # also when called without the CLI's
-        return _apply(target, patches, python)
-
-
-def _apply(target: Target, patches: list[Patch], python: str | None) -> tuple[str, Exit]:
     root, finished = target.root, ""
-    try:
-        with held():
-            said = restore(root)
-        recovered = f"{target.label}: restored the files an interrupted apply left ({said})\n" if said else ""
-        verdict = check(target, patches)
-        if fixed := already_fixed(verdict):
-            return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed", Exit.OK
-        before, after = _new_bytes(target, verdict.patch)
-        digest = {rel: hashlib.sha256(data).hexdigest() for rel, data in after.items()}
-        entries = {
-            rel: {"before": base64.b64encode(data).decode(), "after": digest[rel]} for rel, data in before.items()
-        }
-        phase("checked")
-        with held():
-            write_atomic(root / JOURNAL, json.dumps({"files": entries}).encode())
-        phase("journaled")
-        with held():
-            for rel, data in after.items():
-                write_atomic(root / rel, data)
-        phase("replaced")
-        delivered, reason = verify(target, python) if python else (True, "")
-        if not delivered:
-            raise ToolError(f"{target.label}: rolled back: {reason}", Exit.FAILED)
-        phase("verified")
-        with held():
-            (root / JOURNAL).unlink()
-            finished = "the apply had finished: patched" + (" and verified" if python else " (not verified)")
-        phase("done")
-        verified = f"; verified with {python}: {reason}" if python else ""
-        return f"{recovered}{target.label}: applied ({verdict.detail}){verified}", Exit.OK
-    except BaseException as exc:
-        with held():
-            rolled_back = restore(root)
-        if not isinstance(exc, Interrupted):
-            raise
-        state = "rolled back: the files are as before" if rolled_back else finished or "nothing changed"
-        raise ToolError(f"{target.label}: interrupted by {exc.name}: {state}", exc.code) from None
+    with Guard():  # also when called without the CLI's
+        try:
+            with held():
+                said = restore(root)
+            recovered = f"{target.label}: restored the files an interrupted apply left ({said})\n" if said else ""
+            verdict = check(target, patches)
+            if fixed := already_fixed(verdict):
+                return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed", Exit.OK
+            before, after = _new_bytes(target, verdict.patch)
+            digest = {rel: hashlib.sha256(data).hexdigest() for rel, data in after.items()}
+            entries = {
+                rel: {"before": base64.b64encode(data).decode(), "after": digest[rel]} for rel, data in before.items()
+            }
+            phase("checked")
+            with held():
+                write_atomic(root / JOURNAL, json.dumps({"files": entries}).encode())
+            phase("journaled")
+            with held():
+                for rel, data in after.items():
+                    write_atomic(root / rel, data)
+            phase("replaced")
+            delivered, reason = verify(target, python) if python else (True, "")
+            if not delivered:
+                raise ToolError(f"{target.label}: rolled back: {reason}", Exit.FAILED)
+            phase("verified")
+            with held():
+                (root / JOURNAL).unlink()
+                finished = "the apply had finished: patched" + (" and verified" if python else " (not verified)")
+            phase("done")
+            verified = f"; verified with {python}: {reason}" if python else ""
+            return f"{recovered}{target.label}: applied ({verdict.detail}){verified}", Exit.OK
+        except BaseException as exc:
+            with held():
+                rolled_back = restore(root)
+            if not isinstance(exc, Interrupted):
+                raise
+            state = "rolled back: the files are as before" if rolled_back else finished or "nothing changed"
+            raise ToolError(f"{target.label}: interrupted by {exc.name}: {state}", exc.code) from None
 
 
 def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str, bytes]]:
@@ -159,11 +155,10 @@ def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str
         return before, {rel: Path(tmp, rel).read_bytes() for rel in files}
 
 
-def valid_branch(branch: str) -> str:
-    """A branch name git accepts (`git check-ref-format --branch`), or a refusal before any work."""
+def valid_branch(branch: str) -> None:
+    """A refusal before any work unless git accepts the branch name (`git check-ref-format --branch`)."""
     if not branch or git("check-ref-format", "--branch", branch, check=False).returncode != 0:
         raise ToolError(f"--branch {branch!r}: not a valid branch name (git check-ref-format --branch)")
-    return branch
 
 
 def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
@@ -194,12 +189,8 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
             commit = git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
         finally:
             git("worktree", "remove", "--force", worktree, cwd=root, check=False)
-    git("branch", branch, commit, cwd=root)
-    try:
-        _git(target, "switch", "--quiet", branch, cwd=root)  # git refuses it if it would lose local edits
-    except BaseException:
-        git("branch", "--quiet", "-D", branch, cwd=root, check=False)
-        raise
+    # The branch is made by the switch, and only if it succeeds (git refuses one that would lose local edits).
+    _git(target, "switch", "--quiet", "--create", branch, commit, cwd=root)
     return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `mtp-mask-fix pr`"
 
 

@@ -117,9 +117,8 @@ def left(root: Path) -> str | None:
     for rel, (before, after) in entries.items():
         now = (root / rel).read_bytes() if (root / rel).is_file() else None
         patched = now is not None and hashlib.sha256(now).hexdigest() == after
-        said.append(
-            f"{rel} " + ("as before" if now == before else "patched, not verified" if patched else "changed since")
-        )
+        state = "as before" if now == before else "patched, not verified" if patched else "changed since"
+        said.append(f"{rel} {state}")
     return ", ".join(said) or "no file replaced"
 
 
@@ -174,12 +173,3 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
     if not is_gpt_step_of(found["file"], target.import_root):
         return False, f"{python} imported gpt_step from {found['file']}, not from {target.label}"
     return found["delivered"], found["reason"]
-
-
-def imported_by(python: str) -> Path:
-    """The directory holding the megatron/bridge that `python` imports (found without importing it)."""
-    code = "import importlib.util as u; print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
-    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    if found.returncode != 0:
-        raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
-    return Path(found.stdout.strip()).parents[1]

@@ -1,7 +1,7 @@
 """mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
 
 Each cmd_* returns what it prints and its exit code. The repo's own commands (gate, refresh, pr, view) import their
-modules when run: a training container needs none of them (nor Python 3.11's tomllib).
+modules when run: a training container needs none of them.
 """
 
 import argparse
@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from mtp_mask_fix import apply, check, targets
-from mtp_mask_fix.errors import Exit, ToolError, exit_help
+from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import PACKAGE, VIEW
 
 
 TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
@@ -34,8 +35,14 @@ def _python(args) -> str:
 
 
 def _target(args, python: str) -> targets.Target:
-    """TARGET as given, or the Megatron-Bridge that `python` imports (the training environment's own)."""
-    return targets.resolve(args.target or str(check.imported_by(python)))
+    """TARGET as given, or the Megatron-Bridge that `python` imports (the training environment's; not imported)."""
+    if args.target:
+        return targets.resolve(args.target)
+    code = "import importlib.util as u; print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
+    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    if found.returncode != 0:
+        raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
+    return targets.resolve(str(Path(found.stdout.strip()).parents[1]))
 
 
 def cmd_check(args) -> tuple[str, Exit]:
@@ -90,10 +97,8 @@ def cmd_refresh(args) -> tuple[str, Exit]:
 def cmd_status(args) -> tuple[str, Exit]:
     patch = Patch.load(args.patch)
     block = "".join(f"  {key}: {value}\n" for key, value in patch.metadata.items())
-    return (
-        f"{patch.path.name}: {patch.subject}\n{block}  on {check.check(targets.resolve(args.target), patch)}",
-        Exit.OK,
-    )
+    verdict = check.check(targets.resolve(args.target), patch)
+    return f"{patch.path.name}: {patch.subject}\n{block}  on {verdict}", Exit.OK
 
 
 def cmd_pr(args) -> tuple[str, Exit]:
@@ -103,16 +108,19 @@ def cmd_pr(args) -> tuple[str, Exit]:
 
 
 def cmd_view(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import trees  # a repo command (see the module docstring)
+    from mtp_mask_fix.trees import materialise  # a repo command (see the module docstring)
 
-    return trees.write_view(Patch.load(args.patch)), Exit.OK
+    pinned = targets.release(targets.pins()["megatron-bridge"])
+    materialise(pinned.root, VIEW, Patch.load(args.patch), src=True)
+    unpatched = pinned.root.relative_to(VIEW.parent)
+    return f"view: src/{PACKAGE} = {pinned.label} + patch (unpatched: {unpatched})", Exit.OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mtp-mask-fix",
         description=__doc__.split("\n\n")[0],
-        epilog=exit_help(),
+        epilog=exit_table(markdown=False),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")

@@ -28,23 +28,12 @@ class Exit(IntEnum):
         "128 + n: interrupted by signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); the target is as before",
     )
 
-    @staticmethod
-    def interrupted(signum: int) -> int:
-        return Exit.INTERRUPTED + signum
 
-    @property
-    def shown(self) -> str:
-        return "128+n" if self is Exit.INTERRUPTED else str(int(self))
-
-
-def exit_table() -> str:
-    """README's exit-code table (markdown)."""
-    return "\n".join(["| exit | meaning |", "| --- | --- |", *(f"| {c.shown} | {c.meaning} |" for c in Exit)])
-
-
-def exit_help() -> str:
-    """The exit codes for `--help`."""
-    return "exit codes:\n" + "\n".join(f"  {c.shown:>5}  {c.meaning}" for c in Exit)
+def exit_table(markdown: bool = True) -> str:
+    """README's exit-code table (markdown), or the list `--help` ends with."""
+    head, row = ("| exit | meaning |\n| --- | --- |", "| {} | {} |") if markdown else ("exit codes:", "  {:>5}  {}")
+    rows = [row.format("128+n" if code is Exit.INTERRUPTED else int(code), code.meaning) for code in Exit]
+    return "\n".join([head, *rows])
 
 
 class ToolError(Exception):

@@ -4,6 +4,7 @@ of its diff)."""
 import re
 import tempfile
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -94,12 +95,8 @@ class Patch:
         """The lines the patch adds to `path`, which must be one run of added lines and nothing removed (what a
         suggestion or a block of new tests is)."""
         (patched,) = [f for f in self.files if f.path == path]
-        runs, previous = [], False
-        for line in (line for hunk in patched for line in hunk):
-            if line.is_added:
-                runs += [""] * (not previous)
-                runs[-1] += line.value
-            previous = line.is_added
+        groups = groupby((line for hunk in patched for line in hunk), key=lambda line: line.is_added)
+        runs = ["".join(line.value for line in run) for added, run in groups if added]
         if len(runs) != 1 or patched.removed:
             raise ToolError(f"the patch changes {path} in {len(runs)} places: one suggestion per change needs one")
         return runs[0].rstrip("\n") + "\n"

@@ -47,11 +47,8 @@ def falcon_h1_forward_lines(source: str) -> list[int] | None:
     """[first, last] line of FalconH1Model.forward's signature, if it takes neither loss_mask nor **kwargs."""
     classes = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "FalconH1Model"]
     forward = [n for c in classes for n in c.body if isinstance(n, ast.FunctionDef) and n.name == "forward"]
-    if (
-        len(forward) != 1
-        or forward[0].args.kwarg
-        or "loss_mask" in {getattr(a, "arg", None) for a in ast.walk(forward[0].args)}
-    ):
+    takes = {getattr(arg, "arg", None) for method in forward for arg in ast.walk(method.args)}
+    if len(forward) != 1 or forward[0].args.kwarg or "loss_mask" in takes:
         return None
     return [forward[0].lineno, forward[0].body[0].lineno - 1]  # `def forward(` to the line ending in `:`
 

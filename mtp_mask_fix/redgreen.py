@@ -94,24 +94,22 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["?"])[-1]
             raise ToolError(f"the pytest runner failed: {why}", Exit.FAILED)
-        recorded = [[json.loads(line) for line in _lines(Path(out))] for out, *_ in specs]
-    runs = [
-        Run(
-            {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
-            {e["nodeid"] for e in entries if e["fail_to_pass"]},
-            {e["gpt_step"] for e in entries if e["gpt_step"]},
-            {e["nodeid"]: e["reason"] for e in entries if "reason" in e},
-        )
-        for entries in recorded
-    ]
+        runs = [_read(Path(out)) for out, *_ in specs]
     for job, run in zip(jobs, runs):
         if stray := {f for f in run.gpt_step_files if not is_gpt_step_of(f, job.tree)}:  # what every verdict rests on
             raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
     return runs
 
 
-def _lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []  # a session killed before it began: nothing ran
+def _read(out: Path) -> Run:
+    """One session's records; a session killed before it began left no file: nothing ran."""
+    entries = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return Run(
+        {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
+        {e["nodeid"] for e in entries if e["fail_to_pass"]},
+        {e["gpt_step"] for e in entries if e["gpt_step"]},
+        {e["nodeid"]: e["reason"] for e in entries if "reason" in e},
+    )
 
 
 def _record(nodeid: str, outcome: Outcome, **more) -> None:

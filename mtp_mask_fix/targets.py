@@ -15,13 +15,7 @@ from mtp_mask_fix.git import git
 from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PINS, WORK
 
 
-class Kind(Enum):
-    """The shapes a TARGET can take."""
-
-    CHECKOUT = "git checkout"
-    TREE = "source tree"
-    INSTALLED = "installed package"
-    RELEASE = "PyPI release"
+Kind = Enum("Kind", "CHECKOUT TREE INSTALLED RELEASE")  # the shapes a TARGET can take
 
 
 @dataclass(frozen=True)
@@ -91,9 +85,8 @@ def release(version: str) -> Target:
     root = WORK / "pypi" / version
     if version == "latest" or not (root / PACKAGE).is_dir() or not metadata_file(root):
         root = _download(version)
-    return Target(
-        f"megatron-bridge=={root.name} (PyPI{', latest' if version == 'latest' else ''})", root, Kind.RELEASE
-    )
+    latest = ", latest" if version == "latest" else ""
+    return Target(f"megatron-bridge=={root.name} (PyPI{latest})", root, Kind.RELEASE)
 
 
 def _download(version: str) -> Path:

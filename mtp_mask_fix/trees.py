@@ -1,5 +1,5 @@
 """Trees to import first on the path: symlink farms of a base where only what a diff touches, and the directories above
-it, are real (every other directory is the base's, bytecode cache included: nothing recompiles); and the view."""
+it, are real (every other directory is the base's, bytecode cache included: nothing recompiles); gate's, the view."""
 
 import shutil
 from pathlib import Path
@@ -7,8 +7,6 @@ from pathlib import Path
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import PACKAGE, VIEW
-from mtp_mask_fix.targets import pins, release
 
 
 def materialise(base: Path, dest: Path, patch: Patch | None = None, *, strip=2, rewrite: dict | None = None, **part):
@@ -35,10 +33,3 @@ def _farm(base: Path, dest: Path, rel: Path, real_dirs: set[Path], copies: set[P
             shutil.copyfile(entry, dest / path)
         elif entry.name != "__pycache__":
             (dest / path).symlink_to(entry.resolve())
-
-
-def write_view(patch: Patch | None = None) -> str:
-    """src/ = the pinned release + the patch's source hunks; returns a one-line summary."""
-    pinned = release(pins()["megatron-bridge"])
-    materialise(pinned.root, VIEW, patch or Patch.load(), src=True)
-    return f"view: src/{PACKAGE} = {pinned.label} + patch (unpatched: {pinned.root.relative_to(VIEW.parent)})"

@@ -37,7 +37,7 @@ class TestHouse:
         # A ratchet, not the goal: issue 16 asks for 1,200 (about 1,160 are code, the rest blank lines and docstrings);
         # the all-or-nothing apply, --branch, and the patch that fits each release line (issues 4 and 13) hold the
         # rest. It may only shrink.
-        assert lines <= 1620, f"mtp_mask_fix/ has {lines} lines of Python"
+        assert lines <= 1563, f"mtp_mask_fix/ has {lines} lines of Python"
 
     def test_only_the_probe_imports_torch_or_megatron(self):
         heavy = {
