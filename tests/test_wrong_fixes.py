@@ -6,8 +6,9 @@ Two test sets are held to it, each on its own:
 - the upstream-bound tests: what the patch adds to upstream's test_gpt_step.py. Once upstream merges and the patch
   retires, they are all that is left. In every run they run over stand-ins for that file's helpers
   (tests/support/upstream_helpers.py), next to tests/unit_tests on copies of the view; with an upstream clone holding
-  the patch's base-commit (MTP_UPSTREAM_CHECKOUT=DIR [MTP_UPSTREAM_PYTHON=PY], as the nightly job sets them), also
-  inside upstream's real file on copies of the patched checkout.
+  the patch's base-commit (MTP_UPSTREAM_CHECKOUT=DIR) and an interpreter with that commit's megatron-core
+  (MTP_UPSTREAM_PYTHON=$(./run python DIR); by default this one), as the nightly job `upstream-tests` sets them,
+  also inside upstream's real file on copies of the patched checkout.
 
 Each variant rewrites the fix (a regex edit that must match exactly once) and runs the tests with that tree first on
 the import path; all sessions are forked from one warm process.

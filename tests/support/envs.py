@@ -1,9 +1,12 @@
 """The test environment of each release line: the megatron-core its 3rdparty/Megatron-LM submodule pins
-(requirements/lines.toml, or the newest its wheel allows) and the transformers its wheel declares.
+(requirements/lines.toml, or the newest its wheel allows) and the transformers its wheel declares; and of an upstream
+checkout: the megatron-core of its checked-out submodule (PyPI has no core for upstream main) and the transformers its
+pyproject.toml declares.
 
-`python -m tests.support.envs VERSION` prints one line, tab-separated, for ./run: the environment's key (empty for the
-pinned release, whose environment is .venv itself), then the pip requirements that make it from requirements/cpu.lock.
-Releases that share a megatron-core and a transformers requirement share one environment (.work/envs/<key>).
+`python -m tests.support.envs VERSION|CHECKOUT` prints one line, tab-separated, for ./run: the environment's key (empty
+for the pinned release, whose environment is .venv itself), then the pip requirements that make it from
+requirements/cpu.lock. Releases that share a megatron-core and a transformers requirement share one environment
+(.work/envs/<key>); a checkout's key names its submodule's commit.
 """
 
 import re
@@ -11,8 +14,10 @@ import subprocess
 import sys
 import tomllib
 from email.parser import Parser
+from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.git import git
 from mtp_mask_fix.paths import REPO
 from mtp_mask_fix.targets import metadata_file, pins, release
 
@@ -67,6 +72,30 @@ def spec(version: str) -> tuple[str, list[str]]:
     return "-".join(_name(req) for req in wanted[:2]), wanted
 
 
+SUBMODULE = "3rdparty/Megatron-LM"
+
+
+def checkout_spec(root: Path) -> tuple[str, list[str]]:
+    """(key, requirements) of an upstream checkout: megatron-core built from its 3rdparty/Megatron-LM, which must be
+    checked out at the commit the checkout pins (the tests run the checkout's HEAD), then transformers and datasets as
+    its pyproject.toml declares them."""
+    status = git("submodule", "status", SUBMODULE, cwd=root, check=False).stdout
+    if not status.startswith(" "):
+        raise ToolError(
+            f"{root}: no {SUBMODULE} checked out at the commit its HEAD pins (in a Megatron-Bridge checkout: "
+            f"`git -C {root} submodule update --init {SUBMODULE}`)",
+        )
+    commit, source = status.split()[0], (root / SUBMODULE).resolve()
+    info = (source / "megatron" / "core" / "package_info.py").read_text()
+    version = ".".join(re.search(rf"^{part} = (\d+)", info, re.M).group(1) for part in ("MAJOR", "MINOR", "PATCH"))
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    wanted = [f"megatron-core@{source.as_uri()}"]
+    for package in ("transformers", "datasets"):
+        found = [d for d in declared if re.match(rf"{package}\s*([<>=!~;]|$)", d)]
+        wanted.append(re.sub(r"\s", "", found[0].split(";")[0]) if found else package)
+    return f"core{version}-{commit[:12]}-{_name(wanted[1])}", wanted
+
+
 def _name(requirement: str) -> str:
     """A requirement as part of a folder name: megatron-core==0.18.2 -> core0.18.2, transformers<5 -> transformers-lt5."""
     ops = {"==": "", "<=": "le", ">=": "ge", "<": "lt", ">": "gt", "~=": "compat", "!=": "ne", ",": "-"}
@@ -83,7 +112,7 @@ def _allows(requirement: str, version: str) -> bool:
 
 if __name__ == "__main__":
     try:
-        key, wanted = spec(sys.argv[1])
+        key, wanted = checkout_spec(Path(sys.argv[1]).resolve()) if Path(sys.argv[1]).is_dir() else spec(sys.argv[1])
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         sys.exit(int(exc.code))

@@ -686,6 +686,38 @@ class TestReleaseEnvironments:
 
         assert spec(version)[0] == key
 
+    def test_an_upstream_checkout_gets_its_submodules_core(self, git, tmp_path):
+        """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from DIR's submodule,
+        and only from the commit DIR pins."""
+        from mtp_mask_fix.errors import ToolError
+        from tests.support.envs import checkout_spec
+
+        lm, bridge = tmp_path / "lm", tmp_path / "bridge"
+        (lm / "megatron" / "core").mkdir(parents=True)
+        (lm / "megatron" / "core" / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\n")
+        git(lm, "init", "-q")
+        git(lm, "add", ".")
+        git(lm, "commit", "-q", "-m", "core")
+        bridge.mkdir()
+        (bridge / "pyproject.toml").write_text(
+            '[project]\ndependencies = ["transformers>=5.8,<=5.12.1", "datasets"]\n'
+        )
+        git(bridge, "init", "-q")
+        git(bridge, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(lm), "3rdparty/Megatron-LM")
+        git(bridge, "add", ".")
+        git(bridge, "commit", "-q", "-m", "bridge")
+        commit = git(lm, "rev-parse", "HEAD").strip()
+        source = (bridge / "3rdparty" / "Megatron-LM").resolve()
+
+        assert checkout_spec(bridge) == (
+            f"core0.20.0-{commit[:12]}-transformers-ge5.8-le5.12.1",
+            [f"megatron-core@{source.as_uri()}", "transformers>=5.8,<=5.12.1", "datasets"],
+        )
+        git(source, "commit", "-q", "--allow-empty", "-m", "not the pinned commit")
+        with pytest.raises(ToolError, match="submodule update --init") as refused:
+            checkout_spec(bridge)
+        assert refused.value.code == 2
+
     @pytest.mark.skipif(
         not (os.environ.get("MEGATRON_BRIDGE_GIT") and os.environ.get("MEGATRON_LM_GIT")),
         reason="set MEGATRON_BRIDGE_GIT and MEGATRON_LM_GIT to clones (bare is fine) to check lines.toml",
