@@ -189,8 +189,14 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
             commit = git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
         finally:
             git("worktree", "remove", "--force", worktree, cwd=root, check=False)
-    # The branch is made by the switch, and only if it succeeds (git refuses one that would lose local edits).
-    _git(target, "switch", "--quiet", "--create", branch, commit, cwd=root)
+    # The branch first: git refuses a name that clashes with a branch (`fix` against `fix/x`) before any file
+    # changes, which `switch --create` would only find once it had switched the files.
+    _git(target, "branch", branch, commit, cwd=root)
+    try:
+        _git(target, "switch", "--quiet", branch, cwd=root)  # git refuses it if it would lose local edits
+    except BaseException:
+        git("branch", "--quiet", "-D", branch, cwd=root, check=False)
+        raise
     return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `mtp-mask-fix pr`"
 
 

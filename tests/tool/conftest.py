@@ -97,10 +97,9 @@ def home(tmp_path) -> Path:
 
 @pytest.fixture
 def tool_env(home) -> dict:
-    """The environment the tool runs in: isolated git config, no inherited git identity or repo; no package index (push
-    CI is hermetic: the release wheels are in .work/pypi, and a release that is not there is refused, not fetched)."""
+    """The environment the tool runs in: isolated git config, no inherited git identity or repo."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k == "GIT_SSL_CAINFO"}
-    env.update(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", XDG_CONFIG_HOME=str(home / ".config"), PIP_NO_INDEX="1")
+    env.update(HOME=str(home), GIT_CONFIG_NOSYSTEM="1", XDG_CONFIG_HOME=str(home / ".config"))
     return env
 
 

@@ -301,6 +301,16 @@ class TestApplyBranch:
         refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "already exists")
         assert snapshot(checkout.root) == before
 
+    @pytest.mark.parametrize("existing, wanted", [("fix", "fix/mtp-mask"), ("fix/mtp-mask", "fix")])
+    def test_branch_whose_name_clashes_with_a_branch(self, cli, git, refused, checkout, submitter, existing, wanted):
+        """git stores `fix` and `fix/x` as a file and a folder: one cannot be made beside the other. Refused with the
+        checkout as it was: on its branch, nothing staged, no new branch."""
+        git(checkout.root, "branch", existing)
+        branches = git(checkout.root, "branch")
+        refused(cli("apply", "--branch", wanted, checkout.root), 2, "nothing changed")
+        assert git(checkout.root, "branch") == branches
+        assert git(checkout.root, "status", "--porcelain") == ""
+
     def test_branch_when_already_fixed_exits_0_and_makes_none(self, cli, git, checkout, submitter):
         assert cli("apply", "--branch", "fix-6103", checkout.root).returncode == 0
         result = cli("apply", "--branch", "again", checkout.root)
