@@ -791,6 +791,24 @@ class TestReleaseEnvironments:
             f"mtp-mask-fix: error: {typo}: no such directory\n",
         )
 
+    @pytest.mark.parametrize("required", ["", "1"])
+    def test_the_nightly_upstream_tests_cannot_skip(self, required):
+        """Without MTP_UPSTREAM_CHECKOUT the tests in upstream's file skip, unless MTP_UPSTREAM_REQUIRED=1, which the
+        nightly job that runs them sets: there a skip would pass having tested nothing."""
+        from mtp_mask_fix.paths import REPO
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_UPSTREAM_")}
+        env.update(MTP_UPSTREAM_REQUIRED=required, MTP_UPSTREAM_PYTHON=sys.executable)  # the interpreter: no skip
+        args = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "TestUpstreamBoundTestsAreAsTight"]
+        done = subprocess.run(
+            [sys.executable, *args, "tests/test_wrong_fixes.py"], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert (done.returncode, "1 error" in done.stdout, "skipped" in done.stdout) == (
+            (1, True, False) if required else (0, False, True)
+        ), done.stdout
+        job = (REPO / ".github" / "workflows" / "nightly.yml").read_text()
+        assert re.search(r"MTP_UPSTREAM_REQUIRED=1 \\\n.*\n\s*\./run test tests/test_wrong_fixes\.py", job)
+
     @pytest.mark.skipif(
         not (os.environ.get("MEGATRON_BRIDGE_GIT") and os.environ.get("MEGATRON_LM_GIT")),
         reason="set MEGATRON_BRIDGE_GIT and MEGATRON_LM_GIT to clones (bare is fine) to check lines.toml",
