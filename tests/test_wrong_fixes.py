@@ -8,7 +8,8 @@ Two test sets are held to it, each on its own:
   (tests/support/upstream_helpers.py), next to tests/unit_tests on copies of the view; with an upstream clone holding
   the patch's base-commit (MTP_UPSTREAM_CHECKOUT=DIR) and an interpreter with that commit's megatron-core
   (MTP_UPSTREAM_PYTHON=$(./run python DIR); by default this one), as the nightly job `upstream-tests` sets them,
-  also inside upstream's real file on copies of the patched checkout.
+  also inside upstream's real file on copies of the patched checkout. Only MTP_UPSTREAM_CHECKOUT decides whether
+  those tests run (without it they skip; with MTP_UPSTREAM_REQUIRED=1, as the nightly job sets it, they fail).
 
 Each variant rewrites the fix (a regex edit that must match exactly once) and runs the tests with that tree first on
 the import path; all sessions are forked from one warm process.
@@ -166,7 +167,9 @@ def upstream():
     copy of MTP_UPSTREAM_CHECKOUT, built as gate builds it."""
     where = os.environ.get("MTP_UPSTREAM_CHECKOUT")
     if not where:
-        pytest.skip("needs MTP_UPSTREAM_CHECKOUT=<a Megatron-Bridge clone holding the patch's base-commit> (nightly)")
+        why = "needs MTP_UPSTREAM_CHECKOUT=<a Megatron-Bridge clone holding the patch's base-commit> (nightly)"
+        # MTP_UPSTREAM_REQUIRED=1 (the nightly job): a skip there would pass having tested nothing.
+        (pytest.fail if os.environ.get("MTP_UPSTREAM_REQUIRED") == "1" else pytest.skip)(why)
     python = os.environ.get("MTP_UPSTREAM_PYTHON", sys.executable)
     patch = Patch.load()
     row = checkout_row(checkout(where), patch, rev=patch.base_commit or "HEAD")

@@ -1,7 +1,7 @@
 """The test environment of each release line: the megatron-core its 3rdparty/Megatron-LM submodule pins
 (requirements/lines.toml, or the newest its wheel allows) and the transformers its wheel declares; and of an upstream
-checkout: the megatron-core of its checked-out submodule (PyPI has no core for upstream main) and the transformers its
-pyproject.toml declares.
+checkout: the megatron-core of the commit its HEAD pins for its submodule (PyPI has no core for upstream main), built
+from that commit's content, and the transformers its pyproject.toml declares.
 
 `python -m tests.support.envs VERSION|CHECKOUT` prints one line, tab-separated, for ./run: the environment's key (empty
 for the pinned release, whose environment is .venv itself), then the pip requirements that make it from
@@ -12,13 +12,15 @@ requirements/cpu.lock. Releases that share a megatron-core and a transformers re
 import re
 import subprocess
 import sys
+import tarfile
+import tempfile
 import tomllib
 from email.parser import Parser
 from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import REPO
+from mtp_mask_fix.paths import REPO, WORK
 from mtp_mask_fix.targets import metadata_file, pins, release
 
 
@@ -26,12 +28,19 @@ def requirement(version: str, name: str) -> str:
     """The release wheel's own requirement on `name` (its version specifier, "" when unpinned)."""
     root = release(version).root
     fields = Parser().parsestr(metadata_file(root).read_text())
-    for line in fields.get_all("Requires-Dist") or []:
+    return declared(fields.get_all("Requires-Dist") or [], name) or ""
+
+
+def declared(requirements: list[str], name: str) -> str | None:
+    """The version specifier (spaces dropped, "" when unpinned) of the first of `requirements` (PEP 508 lines, as
+    Requires-Dist or [project].dependencies hold them) on `name`, extras and all (`transformers[torch]>=5.8`), but
+    not one only an extra asks for; None when none is."""
+    for line in requirements:
         req, _, marker = line.partition(";")
-        found = re.match(rf"^\s*{re.escape(name)}\s*(\[[^\]]*\])?\s*\(?([^)]*)\)?\s*$", req, re.I)
+        found = re.match(rf"^\s*{re.escape(name)}\s*(\[[^\]]*\])?\s*\(?\s*([<>=!~][^)]*)?\)?\s*$", req, re.I)
         if found and "extra" not in marker:
-            return found.group(2).replace(" ", "")
-    return ""
+            return (found.group(2) or "").replace(" ", "")
+    return None
 
 
 def core(version: str) -> str:
@@ -76,24 +85,62 @@ SUBMODULE = "3rdparty/Megatron-LM"
 
 
 def checkout_spec(root: Path) -> tuple[str, list[str]]:
-    """(key, requirements) of an upstream checkout: megatron-core built from its 3rdparty/Megatron-LM, which must be
-    checked out at the commit the checkout pins (the tests run the checkout's HEAD), then transformers and datasets as
-    its pyproject.toml declares them."""
-    status = git("submodule", "status", SUBMODULE, cwd=root, check=False).stdout
-    if not status.startswith(" "):
-        raise ToolError(
-            f"{root}: no {SUBMODULE} checked out at the commit its HEAD pins (in a Megatron-Bridge checkout: "
-            f"`git -C {root} submodule update --init {SUBMODULE}`)",
-        )
-    commit, source = status.split()[0], (root / SUBMODULE).resolve()
-    info = (source / "megatron" / "core" / "package_info.py").read_text()
-    version = ".".join(re.search(rf"^{part} = (\d+)", info, re.M).group(1) for part in ("MAJOR", "MINOR", "PATCH"))
-    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
-    wanted = [f"megatron-core@{source.as_uri()}"]
+    """(key, requirements) of an upstream checkout: megatron-core built from the commit its HEAD pins for
+    3rdparty/Megatron-LM (the tests run the checkout's HEAD), which must be the one checked out there, then
+    transformers and datasets as its pyproject.toml declares them. The build's source is that commit's content,
+    unpacked once under .work/src, never the submodule's working tree: pip builds in place, and uncommitted edits or
+    a stale build/ there would go into an environment whose key names a clean commit."""
+    update = f"`git -C {root} submodule update --init {SUBMODULE}`"
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ToolError(f"{root}: no readable pyproject.toml ({exc}); is it a Megatron-Bridge checkout?") from None
+    declared_deps = project.get("dependencies")
+    if not isinstance(declared_deps, list):
+        raise ToolError(f"{root}/pyproject.toml: no static [project].dependencies to read transformers' pin from")
+    pinned = git("rev-parse", "--verify", "-q", f"HEAD:{SUBMODULE}", cwd=root, check=False).stdout.strip()
+    if not pinned:
+        raise ToolError(f"{root}: its HEAD pins no {SUBMODULE}; is it a Megatron-Bridge checkout?")
+    lm = root / SUBMODULE
+    # Without its own .git, `git -C` would answer for the enclosing checkout.
+    held = git("-C", str(lm), "rev-parse", "HEAD", check=False).stdout.strip() if (lm / ".git").exists() else ""
+    if held != pinned:
+        state = f"holds {held[:12]}" if held else "is not checked out"
+        raise ToolError(f"{root}: {SUBMODULE} {state}, its HEAD pins {pinned[:12]}; run {update}")
+    info = git("-C", str(lm), "show", f"{pinned}:megatron/core/package_info.py", check=False).stdout
+    parts = [re.search(rf"^{part} = (\d+)", info, re.M) for part in ("MAJOR", "MINOR", "PATCH")]
+    if not all(parts):
+        where = f"{SUBMODULE}/megatron/core/package_info.py at {pinned[:12]}"
+        raise ToolError(f"{root}: no MAJOR/MINOR/PATCH version in {where}" if info else f"{root}: no {where}")
+    version = ".".join(part.group(1) for part in parts)
+    wanted = [f"megatron-core@{_unpacked(lm, pinned).as_uri()}"]
     for package in ("transformers", "datasets"):
-        found = [d for d in declared if re.match(rf"{package}\s*([<>=!~;]|$)", d)]
-        wanted.append(re.sub(r"\s", "", found[0].split(";")[0]) if found else package)
-    return f"core{version}-{commit[:12]}-{_name(wanted[1])}", wanted
+        wanted.append(package + (declared(declared_deps, package) or ""))
+    return f"core{version}-{pinned[:12]}-{_name(wanted[1])}", wanted
+
+
+def _unpacked(repo: Path, commit: str) -> Path:
+    """`commit`'s tree from `repo`, unpacked once into .work/src/megatron-lm-<commit12>: via a temporary directory
+    renamed into place, so that a killed run leaves no half tree under that name."""
+    tree = WORK / "src" / f"megatron-lm-{commit[:12]}"
+    if tree.is_dir():
+        return tree
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tree.parent, prefix=f".{tree.name}.") as tmp:
+        archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit], stdout=subprocess.PIPE)
+        try:
+            with tarfile.open(fileobj=archive.stdout, mode="r|") as tar:
+                tar.extractall(Path(tmp) / "tree", filter="data")
+        except tarfile.TarError:
+            pass  # git's exit code says why
+        if archive.wait():
+            raise ToolError(f"{repo}: `git archive {commit}` failed")
+        try:
+            (Path(tmp) / "tree").rename(tree)
+        except OSError:
+            if not tree.is_dir():  # else another run unpacked it first
+                raise
+    return tree
 
 
 def _name(requirement: str) -> str:
@@ -112,7 +159,13 @@ def _allows(requirement: str, version: str) -> bool:
 
 if __name__ == "__main__":
     try:
-        key, wanted = checkout_spec(Path(sys.argv[1]).resolve()) if Path(sys.argv[1]).is_dir() else spec(sys.argv[1])
+        where = Path(sys.argv[1])
+        if where.is_dir():
+            key, wanted = checkout_spec(where.resolve())
+        elif "/" in sys.argv[1]:  # a path, not a version: a typo must not read as "not on the package index"
+            raise ToolError(f"{sys.argv[1]}: no such directory")
+        else:
+            key, wanted = spec(sys.argv[1])
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         sys.exit(int(exc.code))

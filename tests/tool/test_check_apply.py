@@ -696,12 +696,12 @@ class TestReleaseEnvironments:
 
         assert spec(version)[0] == key
 
-    def test_an_upstream_checkout_gets_its_submodules_core(self, git, tmp_path):
-        """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from DIR's submodule,
-        and only from the commit DIR pins."""
-        from mtp_mask_fix.errors import ToolError
-        from tests.support.envs import checkout_spec
+    @pytest.fixture
+    def checkout(self, git, tmp_path, monkeypatch):
+        """A scratch Megatron-Bridge checkout: (bridge, its submodule, the pinned commit); .work/src in tmp_path."""
+        import tests.support.envs
 
+        monkeypatch.setattr(tests.support.envs, "WORK", tmp_path / "work")
         lm, bridge = tmp_path / "lm", tmp_path / "bridge"
         (lm / "megatron" / "core").mkdir(parents=True)
         (lm / "megatron" / "core" / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\n")
@@ -710,23 +710,114 @@ class TestReleaseEnvironments:
         git(lm, "commit", "-q", "-m", "core")
         bridge.mkdir()
         (bridge / "pyproject.toml").write_text(
-            '[project]\ndependencies = ["transformers>=5.8,<=5.12.1", "datasets"]\n'
+            '[project]\ndependencies = ["transformers[torch]>=5.8,<=5.12.1", "datasets ; python_version>\'3\'"]\n'
         )
         git(bridge, "init", "-q")
         git(bridge, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(lm), "3rdparty/Megatron-LM")
         git(bridge, "add", ".")
         git(bridge, "commit", "-q", "-m", "bridge")
-        commit = git(lm, "rev-parse", "HEAD").strip()
-        source = (bridge / "3rdparty" / "Megatron-LM").resolve()
+        return bridge, (bridge / "3rdparty" / "Megatron-LM").resolve(), git(lm, "rev-parse", "HEAD").strip()
 
+    def test_an_upstream_checkout_gets_its_submodules_core(self, checkout, tmp_path):
+        """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from the commit DIR
+        pins, unpacked from git (not the submodule's working tree, where pip would build in place), and keeps the
+        transformers pin through its extras."""
+        from tests.support.envs import checkout_spec
+
+        bridge, source, commit = checkout
+        (source / "megatron" / "core" / "uncommitted.py").write_text("")  # a local edit
+        (source / "build" / "lib").mkdir(parents=True)  # a stale build
+        unpacked = tmp_path / "work" / "src" / f"megatron-lm-{commit[:12]}"
         assert checkout_spec(bridge) == (
             f"core0.20.0-{commit[:12]}-transformers-ge5.8-le5.12.1",
-            [f"megatron-core@{source.as_uri()}", "transformers>=5.8,<=5.12.1", "datasets"],
+            [f"megatron-core@{unpacked.as_uri()}", "transformers>=5.8,<=5.12.1", "datasets"],
         )
-        git(source, "commit", "-q", "--allow-empty", "-m", "not the pinned commit")
-        with pytest.raises(ToolError, match="submodule update --init") as refused:
+        assert sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("*")) == [
+            "megatron",
+            "megatron/core",
+            "megatron/core/package_info.py",
+        ]
+        assert [p.name for p in unpacked.parent.iterdir()] == [unpacked.name]  # no temporary left
+        (unpacked / "megatron" / "core" / "package_info.py").unlink()
+        checkout_spec(bridge)  # unpacked once: an existing tree is reused as it is
+        assert not (unpacked / "megatron" / "core" / "package_info.py").exists()
+
+    @pytest.mark.parametrize("state", ["moved", "staged", "not checked out"])
+    def test_an_upstream_checkout_off_its_pinned_core_is_refused(self, checkout, git, state):
+        """Only the commit HEAD pins will do: the submodule moved on, or moved and staged (`git submodule status`
+        would call that clean, as it compares with the index), or absent."""
+        from mtp_mask_fix.errors import ToolError
+        from tests.support.envs import checkout_spec
+
+        bridge, source, _ = checkout
+        if state == "not checked out":
+            git(bridge, "submodule", "-q", "deinit", "-f", "3rdparty/Megatron-LM")
+        else:
+            git(source, "commit", "-q", "--allow-empty", "-m", "not the pinned commit")
+            if state == "staged":
+                git(bridge, "add", "3rdparty/Megatron-LM")
+        with pytest.raises(ToolError, match="run `git -C .* submodule update --init 3rdparty/Megatron-LM`") as refused:
             checkout_spec(bridge)
-        assert refused.value.code == 2
+        assert refused.value.code == 2 and "\n" not in str(refused.value)
+
+    @pytest.mark.parametrize(
+        ("breakage", "reason"),
+        [
+            ("no dependencies", "no static \\[project\\].dependencies"),
+            ("dynamic dependencies", "no static \\[project\\].dependencies"),
+            ("no package_info.py", "no 3rdparty/Megatron-LM/megatron/core/package_info.py"),
+            ("no version", "no MAJOR/MINOR/PATCH version in"),
+        ],
+    )
+    def test_a_broken_upstream_checkout_is_one_line(self, checkout, git, breakage, reason):
+        from mtp_mask_fix.errors import ToolError
+        from tests.support.envs import checkout_spec
+
+        bridge, source, _ = checkout
+        info = source / "megatron" / "core" / "package_info.py"
+        if breakage == "no dependencies":
+            (bridge / "pyproject.toml").write_text('[project]\nname = "megatron-bridge"\n')
+        elif breakage == "dynamic dependencies":
+            (bridge / "pyproject.toml").write_text('[project]\ndynamic = ["dependencies"]\n')
+        else:
+            info.unlink() if breakage == "no package_info.py" else info.write_text("MAJOR = 0\nMINOR = x\n")
+            git(source, "commit", "-q", "-am", breakage)
+            git(bridge, "commit", "-q", "-am", breakage)
+        with pytest.raises(ToolError, match=reason) as refused:
+            checkout_spec(bridge)
+        assert refused.value.code == 2 and "\n" not in str(refused.value)
+
+    def test_a_mistyped_checkout_is_no_such_directory(self, tmp_path):
+        """A path that is not a directory must not read as a release version ("not on the package index")."""
+        from mtp_mask_fix.paths import REPO
+
+        typo = tmp_path / "Megatron-Brigde"
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.support.envs", str(typo)], cwd=REPO, capture_output=True, text=True
+        )
+        assert (done.returncode, done.stdout, done.stderr) == (
+            2,
+            "",
+            f"mtp-mask-fix: error: {typo}: no such directory\n",
+        )
+
+    @pytest.mark.parametrize("required", ["", "1"])
+    def test_the_nightly_upstream_tests_cannot_skip(self, required):
+        """Without MTP_UPSTREAM_CHECKOUT the tests in upstream's file skip, unless MTP_UPSTREAM_REQUIRED=1, which the
+        nightly job that runs them sets: there a skip would pass having tested nothing."""
+        from mtp_mask_fix.paths import REPO
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_UPSTREAM_")}
+        env.update(MTP_UPSTREAM_REQUIRED=required, MTP_UPSTREAM_PYTHON=sys.executable)  # the interpreter: no skip
+        args = ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-k", "TestUpstreamBoundTestsAreAsTight"]
+        done = subprocess.run(
+            [sys.executable, *args, "tests/test_wrong_fixes.py"], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert (done.returncode, "1 error" in done.stdout, "skipped" in done.stdout) == (
+            (1, True, False) if required else (0, False, True)
+        ), done.stdout
+        job = (REPO / ".github" / "workflows" / "nightly.yml").read_text()
+        assert re.search(r"MTP_UPSTREAM_REQUIRED=1 \\\n.*\n\s*\./run test tests/test_wrong_fixes\.py", job)
 
     @pytest.mark.skipif(
         not (os.environ.get("MEGATRON_BRIDGE_GIT") and os.environ.get("MEGATRON_LM_GIT")),
