@@ -10,9 +10,9 @@ requirements/cpu.lock. Releases that share a megatron-core and a transformers re
 """
 
 import re
+import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import tomllib
 from email.parser import Parser
@@ -120,23 +120,19 @@ def checkout_spec(root: Path) -> tuple[str, list[str]]:
 
 
 def _unpacked(repo: Path, commit: str) -> Path:
-    """`commit`'s tree from `repo`, unpacked once into .work/src/megatron-lm-<commit12>: via a temporary directory
-    renamed into place, so that a killed run leaves no half tree under that name."""
+    """`commit`'s tree from `repo`, unpacked once into .work/src/megatron-lm-<commit12> as gate unpacks a checkout
+    (`git archive`, then shutil): via a temporary directory renamed into place, so that a killed run leaves no half
+    tree under that name."""
     tree = WORK / "src" / f"megatron-lm-{commit[:12]}"
     if tree.is_dir():
         return tree
     tree.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tree.parent, prefix=f".{tree.name}.") as tmp:
-        archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit], stdout=subprocess.PIPE)
-        try:
-            with tarfile.open(fileobj=archive.stdout, mode="r|") as tar:
-                tar.extractall(Path(tmp) / "tree", filter="data")
-        except tarfile.TarError:
-            pass  # git's exit code says why
-        if archive.wait():
+        if git("archive", "-o", f"{tmp}/tree.tar", commit, cwd=repo, check=False).returncode != 0:
             raise ToolError(f"{repo}: `git archive {commit}` failed")
+        shutil.unpack_archive(f"{tmp}/tree.tar", f"{tmp}/tree")
         try:
-            (Path(tmp) / "tree").rename(tree)
+            Path(tmp, "tree").rename(tree)
         except OSError:
             if not tree.is_dir():  # else another run unpacked it first
                 raise
