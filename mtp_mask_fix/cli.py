@@ -1,7 +1,7 @@
 """mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
 
-Each cmd_* returns what it prints and its exit code. The repo's own commands (gate, refresh, pr, view) import their
-modules when run: a training container needs none of them.
+Each cmd_* returns what it prints and its exit code. gate and pr import their modules when run: a training container
+needs neither.
 """
 
 import argparse
@@ -14,23 +14,23 @@ from pathlib import Path
 from mtp_mask_fix import apply, check, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import PACKAGE, VIEW
 
 
 TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
 RELEASE = "a release version such as 0.6.2, or `latest`"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, not argparse's usage block
+class Parser(argparse.ArgumentParser):
+    """argparse whose complaints are one line and exit 2, like every refusal (the repo's ./run refresh uses it too)."""
+
+    def error(self, message):
         raise ToolError(f"{message} (see {self.prog} --help)")
 
 
-def _python(args) -> str:
+def interpreter(python: str) -> str:
     """--python as an absolute path (default: this interpreter), so that every "verified" line names it."""
-    found = shutil.which(args.python)
-    if found is None:
-        raise ToolError(f"--python {args.python}: no such interpreter")
+    if (found := shutil.which(python)) is None:
+        raise ToolError(f"--python {python}: no such interpreter")
     return os.path.abspath(found)
 
 
@@ -46,13 +46,13 @@ def _target(args, python: str) -> targets.Target:
 
 
 def cmd_check(args) -> tuple[str, Exit]:
-    verdict = check.check(_target(args, _python(args)), check.candidates(args.patch))
+    verdict = check.check(_target(args, interpreter(args.python)), check.candidates(args.patch))
     return str(verdict), verdict.state.code
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
     try:
-        python = _python(args)
+        python = interpreter(args.python)
         if args.branch is not None:
             apply.valid_branch(args.branch)
         target, patches = _target(args, python), check.candidates(args.patch)
@@ -64,7 +64,7 @@ def cmd_apply(args) -> tuple[str, Exit]:
 
 
 def cmd_verify(args) -> tuple[str, Exit]:
-    python = _python(args)
+    python = interpreter(args.python)
     target = _target(args, python)
     if left := check.left(target.root):
         raise ToolError(
@@ -84,14 +84,7 @@ def cmd_gate(args) -> tuple[str, Exit]:
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
     checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
     releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
-    return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), _python(args))
-
-
-def cmd_refresh(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import refresh  # a repo command (see the module docstring)
-
-    upstream = targets.checkout(args.upstream)
-    return refresh.refresh(upstream, args.rev, python=None if args.no_verify else _python(args)), Exit.OK
+    return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), interpreter(args.python))
 
 
 def cmd_status(args) -> tuple[str, Exit]:
@@ -107,24 +100,15 @@ def cmd_pr(args) -> tuple[str, Exit]:
     return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
 
 
-def cmd_view(args) -> tuple[str, Exit]:
-    from mtp_mask_fix.trees import materialise  # a repo command (see the module docstring)
-
-    pinned = targets.release(targets.pins()["megatron-bridge"])
-    materialise(pinned.root, VIEW, Patch.load(args.patch), src=True)
-    unpatched = pinned.root.relative_to(VIEW.parent)
-    return f"view: src/{PACKAGE} = {pinned.label} + patch (unpatched: {unpatched})", Exit.OK
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = Parser(
         prog="mtp-mask-fix",
         description=__doc__.split("\n\n")[0],
         epilog=exit_table(markdown=False),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(func, help, target=None, python=None):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
@@ -148,26 +132,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--release", action="append", help=f"{RELEASE}; repeatable (default: the pin and `latest`)")
     p.add_argument("--checkout", action="append", type=Path, default=[], help="also gate an upstream checkout (HEAD)")
     p.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
-    p = command(
-        cmd_refresh, "rewrite the patch from its commit in an upstream checkout, once it holds there", None, tests
-    )
-    p.add_argument("--upstream", type=Path, required=True, help="the Megatron-Bridge git checkout holding the commit")
-    p.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
-    p.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
     p = command(cmd_pr, "print the review of #6105 and the fallback PR body, from this patch's gated red/green")
     p.add_argument(
         "--co-author", help="\"Name <email>\" as on #6105's commits (pull/6105.patch): the PR body's credit"
     )
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", pinned)
-    command(cmd_view, "write src/ = the pinned release + the patch (importable as megatron.bridge)")
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console entry point: one line on stderr for any refusal, and its exit code."""
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
+    """Console entry point (also of the repo's ./run refresh): one line on stderr for any refusal, its exit code."""
     try:
         with apply.Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply rolls back first)
-            args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+            args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
             text, code = args.func(args)
         print(text, end="\n" if text else "")
     except ToolError as exc:

@@ -208,21 +208,19 @@ class TestBadPatch:
 
 
 class TestBadCommandLine:
-    """argparse's complaints are one line too (cli._Parser), exit 2."""
+    """argparse's complaints are one line too (cli.Parser), exit 2."""
 
     @pytest.mark.parametrize(
         ("argv", "words"),
         [
             (["frobnicate"], ["invalid choice: 'frobnicate'"]),
             ([], ["required: command"]),
-            (["refresh"], ["required: --upstream"]),
             (["check", "--frobnicate"], ["unrecognized arguments: --frobnicate"]),
             (["--patch"], ["expected one argument"]),
         ],
         ids=[
             "unknown-subcommand",
             "no-subcommand",
-            "refresh-without-upstream",
             "unknown-option",
             "option-without-value",
         ],

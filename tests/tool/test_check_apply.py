@@ -124,7 +124,7 @@ class TestEntryPoints:
         result = cli("--help")
         assert result.returncode == 0
         listed = re.findall(r"^    (\w+)\s+\S", result.stdout, re.M)  # argparse's one line per command
-        assert listed == ["check", "apply", "verify", "gate", "refresh", "pr", "status", "view"]
+        assert listed == ["check", "apply", "verify", "gate", "pr", "status"]
 
 
 class TestNestedTree:
@@ -489,14 +489,14 @@ class TestBackport:
     """The backport is derived from the carried patch, never edited: a drift guard."""
 
     def test_committed_backport_equals_its_derivation(self, patch, repo_file):
-        from mtp_mask_fix import refresh
+        from maintain import refresh
 
         for line in refresh.LINES:
             committed = refresh.path(line, patch).read_text()
-            assert committed == refresh.derive_for(line, patch), f"run `python -m mtp_mask_fix.refresh` ({line})"
+            assert committed == refresh.derive_for(line, patch), f"run `./run refresh --backports` ({line})"
 
     def test_same_added_lines_as_the_carried_patch(self, patch):
-        from mtp_mask_fix import refresh
+        from maintain import refresh
         from mtp_mask_fix.patch import Patch
 
         for path in (refresh.path(line, patch) for line in refresh.LINES):

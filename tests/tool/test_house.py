@@ -1,4 +1,4 @@
-"""The tool stays a tool: small, no test or experiment support inside, one module that imports torch or megatron (the
+"""The tool stays a tool: small, no test, experiment or repo-upkeep support inside, one module that imports torch or megatron (the
 probe, run in the target's interpreter), one that reads diff text, no import cycle, exit codes stated once."""
 
 import ast
@@ -36,7 +36,7 @@ class TestHouse:
         lines = sum(len(path.read_text().splitlines()) for path in TOOL.glob("*.py"))
         # A ratchet, not the goal: issue 16 asks for 1,200; the all-or-nothing apply, --branch, and the patch that
         # fits each release line (issues 4 and 13) hold the rest. It may only shrink, except to fix a bug.
-        assert lines <= 1569, f"mtp_mask_fix/ has {lines} lines of Python"
+        assert lines <= 1441, f"mtp_mask_fix/ has {lines} lines of Python"
 
     def test_only_the_probe_imports_torch_or_megatron(self):
         heavy = {
@@ -48,7 +48,7 @@ class TestHouse:
 
     def test_nothing_imports_tests_or_experiments(self):
         for name, module in MODULES.items():
-            assert not {m for m in _imports(module) if m.split(".")[0] in ("tests", "experiments")}, name
+            assert not {m for m in _imports(module) if m.split(".")[0] in ("tests", "experiments", "maintain")}, name
 
     def test_one_module_reads_diff_text(self):
         readers = {

@@ -1,14 +1,17 @@
-"""refresh: the patch is edited as a commit in an upstream checkout and turned back into the mailbox."""
+"""`./run refresh` (maintain/refresh.py): the patch is edited as a commit in an upstream checkout and turned back into
+the mailbox."""
 
 import datetime
 import re
+import subprocess
+import sys
 
 import pytest
 
+from maintain.refresh import build
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import PATCHES
-from mtp_mask_fix.refresh import build
+from mtp_mask_fix.paths import PATCHES, REPO
 from mtp_mask_fix.targets import checkout as checkout_target
 
 from .conftest import FIXED, SUBMITTER, UPSTREAM_TEST
@@ -25,6 +28,17 @@ def upstream(cli, git, checkout):
     git(checkout.root, "config", "user.email", SUBMITTER[1])
     assert cli("apply", "--branch", "wip", checkout.root).returncode == 0
     return checkout
+
+
+@pytest.fixture
+def refresh(tool_env):
+    """Run `./run refresh ARGS` as ./run does (from this checkout); returns the CompletedProcess."""
+
+    def run(*args) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "maintain.refresh", *map(str, args)]
+        return subprocess.run(command, cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=300)
+
+    return run
 
 
 @pytest.fixture
@@ -78,30 +92,34 @@ class TestBuild:
 class TestRefreshCommand:
     """`refresh` refusals: one line, and patches/ untouched."""
 
-    def test_non_git_upstream(self, cli, refused, snapshot, source_tree):
+    def test_neither_upstream_nor_backports(self, refresh, refused, snapshot):
+        before = snapshot(PATCHES)
+        line = refused(refresh(), 2, "one of the arguments --upstream --backports is required")
+        assert "(see ./run refresh --help)" in line
+        assert snapshot(PATCHES) == before
+
+    def test_non_git_upstream(self, refresh, refused, snapshot, source_tree):
         before = snapshot(source_tree.root, PATCHES)
         refused(
-            cli("refresh", "--upstream", source_tree.root, "--no-verify"),
+            refresh("--upstream", source_tree.root, "--no-verify"),
             2,
             "not the top of a Megatron-Bridge git checkout",
         )
         assert snapshot(source_tree.root, PATCHES) == before
 
-    def test_missing_upstream(self, cli, refused, snapshot, tmp_path):
+    def test_missing_upstream(self, refresh, refused, snapshot, tmp_path):
         before = snapshot(PATCHES)
-        refused(cli("refresh", "--upstream", tmp_path / "nope", "--no-verify"), 2, "no such file or directory")
+        refused(refresh("--upstream", tmp_path / "nope", "--no-verify"), 2, "no such file or directory")
         assert snapshot(PATCHES) == before
 
-    def test_rev_that_is_not_a_commit(self, cli, refused, snapshot, upstream):
+    def test_rev_that_is_not_a_commit(self, refresh, refused, snapshot, upstream):
         before = snapshot(upstream.root, PATCHES)
-        refused(
-            cli("refresh", "--upstream", upstream.root, "--from", "no-such-branch", "--no-verify"), 2, "not a commit"
-        )
+        refused(refresh("--upstream", upstream.root, "--from", "no-such-branch", "--no-verify"), 2, "not a commit")
         assert snapshot(upstream.root, PATCHES) == before
 
-    def test_a_patch_whose_tests_do_not_hold_there_is_not_written(self, cli, refused, snapshot, upstream):
+    def test_a_patch_whose_tests_do_not_hold_there_is_not_written(self, refresh, refused, snapshot, upstream):
         """The throwaway upstream's test file is only the patch's context: its tests cannot run, so nothing
         proves the patch there, and refresh writes nothing."""
         before = snapshot(PATCHES)
-        refused(cli("refresh", "--upstream", upstream.root, "--from", "wip"), 5, "not written")
+        refused(refresh("--upstream", upstream.root, "--from", "wip"), 5, "not written")
         assert snapshot(PATCHES) == before

@@ -1,13 +1,15 @@
-"""Derived patches, byte-stable. refresh (gbp-pq style): `apply CHECKOUT --branch wip` makes the patch a commit; amend
-it there, and `refresh --upstream CHECKOUT` writes it back once it holds red/green there (the checkout is never
-changed). Backports (`python -m mtp_mask_fix.refresh`; a tool test checks them): before 0.6 the `forward_args` literal
-is followed by `if cu_seqlens is not None:`, so the source hunks are applied with two lines of trailing context."""
+"""`./run refresh`: the patches/ files, rewritten byte-stable from where they come from. gbp-pq style: `apply CHECKOUT
+--branch wip` makes the patch a commit; amend it there, and `--upstream CHECKOUT` writes it back once it holds
+red/green there (the checkout is never changed). `--backports` derives each older line's patch (a tool test checks
+them): before 0.6 the `forward_args` literal is followed by `if cu_seqlens is not None:`, so the source hunks are
+applied with two lines of trailing context."""
 
 import datetime
 import sys
 import tempfile
 from pathlib import Path
 
+from mtp_mask_fix import cli, targets
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
 from mtp_mask_fix.git import apply_diff, first_error_line, git
@@ -89,15 +91,38 @@ def derive_for(line: str, main: Patch) -> str:
         return _mailbox(Path(repo), "HEAD", tree, f"{main.subject}\n\n{main.body}\n", main, upstream=False)
 
 
-if __name__ == "__main__":  # rewrite every backport, saying which changed
-    try:
-        main = Patch.load()
-        for line in LINES:
-            text, dest = derive_for(line, main), path(line, main)
-            same = dest.is_file() and dest.read_text() == text
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(text)
-            print(f"{dest.relative_to(PATCHES.parent)}: {'unchanged' if same else 'rewritten'}")
-    except ToolError as exc:
-        print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
-        sys.exit(int(exc.code))
+def backports() -> str:
+    """Rewrite every backport, saying which changed."""
+    main, said = Patch.load(), []
+    for line in LINES:
+        text, dest = derive_for(line, main), path(line, main)
+        same = dest.is_file() and dest.read_text() == text
+        said.append(f"{dest.relative_to(PATCHES.parent)}: {'unchanged' if same else 'rewritten'}")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text)
+    return "\n".join(said)
+
+
+def run(args) -> tuple[str, Exit]:
+    """What `./run refresh ARGS` prints, and its exit code."""
+    if args.backports:
+        return backports(), Exit.OK
+    python = None if args.no_verify else cli.interpreter(args.python)
+    return refresh(targets.checkout(args.upstream), args.rev, python=python), Exit.OK
+
+
+def parser() -> cli.Parser:
+    """`./run refresh`'s options; its refusals are the tool's (one line, the same exit codes)."""
+    parser = cli.Parser(prog="./run refresh", description=__doc__.split("\n\n")[0])
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--upstream", type=Path, help="the Megatron-Bridge git checkout holding the commit")
+    which.add_argument("--backports", action="store_true", help="derive each older line's patch from the first")
+    parser.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
+    parser.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
+    parser.add_argument("--python", default=sys.executable, help="an interpreter with the checkout's megatron-core")
+    parser.set_defaults(func=run)
+    return parser
+
+
+if __name__ == "__main__":
+    cli.main(parser=parser())

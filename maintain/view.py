@@ -1,0 +1,23 @@
+"""`./run view` (also run by `./run setup`, `test`, `effect`, `repro`): src/ = the pinned release + the patch,
+importable as megatron.bridge; a symlink farm of the release where only gpt_step.py and the directories above it are
+real files."""
+
+from mtp_mask_fix import cli
+from mtp_mask_fix.errors import Exit
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import PACKAGE, VIEW
+from mtp_mask_fix.targets import pins, release
+from mtp_mask_fix.trees import materialise
+
+
+def view(args) -> tuple[str, Exit]:
+    """What `./run view` prints, and its exit code."""
+    pinned = release(pins()["megatron-bridge"])
+    materialise(pinned.root, VIEW, Patch.load(), src=True)
+    return f"view: src/{PACKAGE} = {pinned.label} + patch (unpatched: {pinned.root.relative_to(VIEW.parent)})", Exit.OK
+
+
+if __name__ == "__main__":
+    parser = cli.Parser(prog="./run view", description=__doc__.split("\n\n")[0])
+    parser.set_defaults(func=view)
+    cli.main(parser=parser)
