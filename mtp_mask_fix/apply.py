@@ -1,5 +1,5 @@
 """Writing a target: `apply`, all or nothing (a journal, files replaced by a rename, signals held while writing) and
-verified by behaviour; or, on a git checkout, a new branch holding the patch as a signed-off commit."""
+verified by behaviour."""
 
 import base64
 import contextlib
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mtp_mask_fix.check import JOURNAL, already_fixed, check, journal, left, scope, verify
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.git import apply_diff, first_error_line, git
+from mtp_mask_fix.git import apply_diff, first_error_line
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Kind, Target
 
@@ -153,55 +153,3 @@ def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str
         if error := apply_diff(patch.part(src=src), Path(tmp), strip=target.strip):
             raise ToolError(f"the patch does not apply: {first_error_line(error)}", Exit.DRIFTED)
         return before, {rel: Path(tmp, rel).read_bytes() for rel in files}
-
-
-def valid_branch(branch: str) -> None:
-    """A refusal before any work unless git accepts the branch name (`git check-ref-format --branch`)."""
-    if not branch or git("check-ref-format", "--branch", branch, check=False).returncode != 0:
-        raise ToolError(f"--branch {branch!r}: not a valid branch name (git check-ref-format --branch)")
-
-
-def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
-    """A new branch of a git checkout holding the patch as a commit authored and signed off by the submitter: made
-    by `git am -s` in a temporary worktree, so that the checkout only changes at the final `git switch`."""
-    if target.kind != Kind.CHECKOUT:
-        raise ToolError(f"{target.label}: --branch needs a git checkout")
-    root = target.root
-    for key in ("user.name", "user.email"):
-        if not git("config", key, cwd=root, check=False).stdout.strip():
-            raise ToolError(f"git {key} is not set in {target.label}; `git am -s` signs off as you")
-    if git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=root, check=False).returncode == 0:
-        raise ToolError(f"branch {branch} already exists in {target.label}")
-    if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
-        raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
-    verdict = check(target, patches)
-    if fixed := already_fixed(verdict):
-        return f"{target.label}: already fixed ({fixed}); no branch made"
-    if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
-        raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
-    with tempfile.TemporaryDirectory() as worktree:  # detached: a killed run leaves no branch behind
-        try:
-            _git(target, "worktree", "add", "--quiet", "--detach", worktree, "HEAD", cwd=root, code=Exit.FAILED)
-            _git(target, "am", "--quiet", "-s", str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
-            # --no-verify: a local pre-commit hook must not stop the amend of am's own commit; --reset-author:
-            # the submitter authors the upstream commit (the mailbox's From is this repo's placeholder).
-            _git(target, "commit", "-q", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=worktree)
-            commit = git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
-        finally:
-            git("worktree", "remove", "--force", worktree, cwd=root, check=False)
-    # The branch first: git refuses a name that clashes with a branch (`fix` against `fix/x`) before any file
-    # changes, which `switch --create` would only find once it had switched the files.
-    _git(target, "branch", branch, commit, cwd=root)
-    try:
-        _git(target, "switch", "--quiet", branch, cwd=root)  # git refuses it if it would lose local edits
-    except BaseException:
-        git("branch", "--quiet", "-D", branch, cwd=root, check=False)
-        raise
-    return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `mtp-mask-fix pr`"
-
-
-def _git(target: Target, *args: str, cwd: Path | str, code: Exit = Exit.USAGE) -> None:
-    """git, or a one-line refusal saying which step failed and that the checkout is as it was."""
-    if (done := git(*args, cwd=cwd, check=False)).returncode != 0:
-        why = first_error_line(done.stderr)
-        raise ToolError(f"{target.label}: git {args[0]} failed: {why}; nothing changed", code)

@@ -53,13 +53,9 @@ def cmd_check(args) -> tuple[str, Exit]:
 def cmd_apply(args) -> tuple[str, Exit]:
     try:
         python = interpreter(args.python)
-        if args.branch is not None:
-            apply.valid_branch(args.branch)
         target, patches = _target(args, python), check.candidates(args.patch)
     except apply.Interrupted as signalled:
         raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
-    if args.branch is not None:
-        return apply.make_branch(target, patches, args.branch), Exit.OK
     return apply.apply(target, patches, python=None if args.no_verify else python)
 
 
@@ -125,7 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
     imported = f"{RELEASE} (default: the Megatron-Bridge that --python imports)"
     command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", imported, trains)
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", imported, trains)
-    p.add_argument("--branch", help="git checkouts: make this branch with `git am -s` (your sign-off)")
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", imported, trains)
     p = command(cmd_gate, "red/green on base and patched trees of each target; non-zero unless it holds", None, tests)

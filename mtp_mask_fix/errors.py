@@ -17,7 +17,7 @@ class Exit(IntEnum):
         2,
         (
             "bad input or environment, refused before any work: missing, unreadable, read-only or not Megatron-Bridge, "
-            "uncommitted changes in a checkout, an invalid branch name, an unknown release"
+            "uncommitted changes in a checkout, an unknown release"
         ),
     )
     ALREADY_APPLIED = 3, "`check`, `gate`: the target already holds the fix (this patch or an equivalent): retire it"

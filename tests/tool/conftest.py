@@ -121,6 +121,23 @@ def cli(tool_env, tmp_path):
 
 
 @pytest.fixture
+def maintain(tool_env):
+    """Run `./run MODULE ARGS` of maintain/ (this repo's upkeep) as ./run does, from this checkout."""
+
+    def run(module: str, *args) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", f"maintain.{module}", *map(str, args)]
+        return subprocess.run(command, cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=300)
+
+    return run
+
+
+@pytest.fixture
+def branch(maintain):
+    """`./run branch -- CHECKOUT NAME` (`--`: a NAME such as `-x` reaches git's check, not argparse's)."""
+    return lambda root, name: maintain("branch", "--", root, name)
+
+
+@pytest.fixture
 def git(tool_env):
     """Run git in a directory as the upstream developer (`git -c` identity); returns stdout, raises on failure."""
 

@@ -38,10 +38,15 @@ def no_git_env(tmp_path, tool_env):
 class TestBadTarget:
     """TARGETs that are not a Megatron-Bridge the tool can work on."""
 
-    @pytest.mark.parametrize("command", [["check"], ["apply", "--no-verify"], ["apply", "--branch", "b"]])
+    @pytest.mark.parametrize("command", [["check"], ["apply", "--no-verify"]])
     def test_missing_path(self, cli, refused, snapshot, tmp_path, site_packages, command):
         before = snapshot(tmp_path)
         refused(cli(*command, tmp_path / "no-such-dir"), 2, "no such file or directory")
+        assert snapshot(tmp_path) == before
+
+    def test_branch_on_a_missing_path(self, branch, refused, snapshot, tmp_path):
+        before = snapshot(tmp_path)
+        refused(branch(tmp_path / "no-such-dir", "fix-6103"), 2, "no such file or directory")
         assert snapshot(tmp_path) == before
 
     @pytest.mark.parametrize("command", [["check"], ["apply", "--no-verify"]])
@@ -79,14 +84,14 @@ class TestBadTarget:
         refused(cli("apply", "--no-verify", PINNED), 2, "is a downloaded release")
         assert snapshot(release.root) == before
 
-    def test_branch_on_a_tree_without_git(self, cli, refused, snapshot, source_tree):
+    def test_branch_on_a_tree_without_git(self, branch, refused, snapshot, source_tree):
         before = snapshot(source_tree.root)
-        refused(cli("apply", "--branch", "fix-6103", source_tree.root), 2, "--branch needs a git checkout")
+        refused(branch(source_tree.root, "fix-6103"), 2, "not the top of a Megatron-Bridge git checkout")
         assert snapshot(source_tree.root) == before
 
-    def test_branch_on_site_packages(self, cli, refused, snapshot, site_packages):
+    def test_branch_on_site_packages(self, branch, refused, snapshot, site_packages):
         before = snapshot(site_packages.root)
-        refused(cli("apply", "--branch", "fix-6103", site_packages.root), 2, "--branch needs a git checkout")
+        refused(branch(site_packages.root, "fix-6103"), 2, "not the top of a Megatron-Bridge git checkout")
         assert snapshot(site_packages.root) == before
 
 
@@ -99,12 +104,12 @@ class TestDirtyTarget:
         refused(cli("apply", "--no-verify", checkout.root), 2, "local changes")
         assert snapshot(checkout.root) == before
 
-    def test_conflicting_local_change_with_branch(self, cli, edit, git, refused, snapshot, checkout):
+    def test_conflicting_local_change_with_branch(self, branch, edit, git, refused, snapshot, checkout):
         git(checkout.root, "config", "user.name", "Ada Submitter")
         git(checkout.root, "config", "user.email", "ada@example.org")
         edit(checkout, checkout.gpt_step, *REGION_EDIT, commit=False)
         before = snapshot(checkout.root)
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "local changes")
+        refused(branch(checkout.root, "fix-6103"), 2, "local changes")
         assert snapshot(checkout.root) == before
 
     def test_conflicting_change_in_a_tree_without_git(self, cli, edit, refused, snapshot, source_tree):
@@ -113,18 +118,18 @@ class TestDirtyTarget:
         refused(cli("apply", "--no-verify", source_tree.root), 4, "drifted")
         assert snapshot(source_tree.root) == before
 
-    def test_staged_changes_block_branch(self, cli, git, refused, snapshot, checkout):
+    def test_staged_changes_block_branch(self, branch, git, refused, snapshot, checkout):
         git(checkout.root, "config", "user.name", "Ada Submitter")
         git(checkout.root, "config", "user.email", "ada@example.org")
         (checkout.root / "README.md").write_text("staged edit\n")
         git(checkout.root, "add", "README.md")
         before = snapshot(checkout.root)
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "staged changes")
+        refused(branch(checkout.root, "fix-6103"), 2, "staged changes")
         assert snapshot(checkout.root) == before
 
-    def test_branch_without_git_identity(self, cli, refused, snapshot, checkout):
+    def test_branch_without_git_identity(self, branch, refused, snapshot, checkout):
         before = snapshot(checkout.root)
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "user.name is not set")
+        refused(branch(checkout.root, "fix-6103"), 2, "user.name is not set")
         assert snapshot(checkout.root) == before
 
     def test_read_only_file(self, cli, refused, snapshot, target):
@@ -236,12 +241,12 @@ class TestBadBranch:
     """An empty or invalid branch name is refused before any work (`git check-ref-format --branch`)."""
 
     @pytest.mark.parametrize("name", ["", "bad..name", "-x", "a b", "ends.lock"], ids=repr)
-    def test_refused_first(self, cli, git, refused, snapshot, checkout, name):
+    def test_refused_first(self, branch, git, refused, snapshot, checkout, name):
         git(checkout.root, "config", "user.name", "Ada Submitter")
         git(checkout.root, "config", "user.email", "ada@example.org")
         branches = git(checkout.root, "branch")
         before = snapshot(checkout.root)
-        refused(cli("apply", f"--branch={name}", checkout.root), 2, "not a valid branch name")
+        refused(branch(checkout.root, name), 2, "not a valid branch name")
         assert snapshot(checkout.root) == before
         assert git(checkout.root, "branch") == branches
 

@@ -230,7 +230,8 @@ class TestApplyGitCheckout:
 
 
 class TestApplyBranch:
-    """`apply --branch NAME`: one signed-off commit by the configured user on a new branch."""
+    """`./run branch CHECKOUT NAME` (maintain/branch.py): one signed-off commit by the configured user on a new
+    branch."""
 
     @pytest.fixture
     def submitter(self, git, checkout):
@@ -238,9 +239,9 @@ class TestApplyBranch:
         git(checkout.root, "config", "user.email", SUBMITTER[1])
         return f"{SUBMITTER[0]} <{SUBMITTER[1]}>"
 
-    def test_branch_holds_one_signed_off_commit(self, cli, git, checkout, patch, submitter):
+    def test_branch_holds_one_signed_off_commit(self, branch, git, checkout, patch, submitter):
         main = git(checkout.root, "rev-parse", "main").strip()
-        result = cli("apply", "--branch", "fix-6103", checkout.root)
+        result = branch(checkout.root, "fix-6103")
         assert result.returncode == 0, result.stderr
         assert "branch fix-6103 holds the fix" in result.stdout
 
@@ -258,36 +259,36 @@ class TestApplyBranch:
         committed = PatchSet(git(checkout.root, "diff", "main", "fix-6103"))
         assert changed_lines(committed) == hunk_parts(patch, src_only=False)
 
-    def test_unstaged_change_elsewhere_in_a_touched_file(self, cli, git, edit, refused, checkout, submitter):
+    def test_unstaged_change_elsewhere_in_a_touched_file(self, branch, git, edit, refused, checkout, submitter):
         """`git am` needs touched files to match the index: a clean one-line refusal, nothing left behind."""
         edit(checkout, checkout.gpt_step, FAR_FROM_HUNK, "import logging  # local note\n", commit=False)
         branches = git(checkout.root, "branch")
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "uncommitted changes")
+        refused(branch(checkout.root, "fix-6103"), 2, "uncommitted changes")
         assert git(checkout.root, "branch") == branches
         assert git(checkout.root, "status", "--porcelain") == f" M {FIXED}\n"
         assert "# local note" in checkout.gpt_step.read_text()
 
-    def test_detached_head_is_restored_after_a_failed_am(self, cli, git, refused, checkout, submitter):
+    def test_detached_head_is_restored_after_a_failed_am(self, branch, git, refused, checkout, submitter):
         """From a detached HEAD, a failing `git am` (its pre-applypatch hook refuses) leaves HEAD where it was."""
         git(checkout.root, "switch", "--quiet", "--detach", "main")
         hook = checkout.root / ".git" / "hooks" / "pre-applypatch"
         hook.write_text("#!/bin/sh\nexit 1\n")
         hook.chmod(0o755)
         head = git(checkout.root, "rev-parse", "HEAD")
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 5, "git am failed")
+        refused(branch(checkout.root, "fix-6103"), 5, "git am failed")
         assert git(checkout.root, "branch", "--list", "fix-6103") == ""
         assert git(checkout.root, "branch", "--show-current") == ""  # still detached
         assert git(checkout.root, "rev-parse", "HEAD") == head
         assert git(checkout.root, "status", "--porcelain") == ""
 
-    def test_failing_commit_hook(self, cli, git, refused, checkout, submitter):
+    def test_failing_commit_hook(self, branch, git, refused, checkout, submitter):
         """A failing pre-commit hook (e.g. upstream's, with pre-commit not installed) must not half-finish the
         branch: either the commit is made (hooks skipped) or the refusal is one line and clean.
         """
         hook = checkout.root / ".git" / "hooks" / "pre-commit"
         hook.write_text("#!/bin/sh\necho 'pre-commit: command not found' >&2\nexit 1\n")
         hook.chmod(0o755)
-        result = cli("apply", "--branch", "fix-6103", checkout.root)
+        result = branch(checkout.root, "fix-6103")
         if result.returncode == 0:
             assert git(checkout.root, "log", "-1", "--format=%an <%ae>", "fix-6103").strip() == submitter
         else:
@@ -295,25 +296,27 @@ class TestApplyBranch:
             assert git(checkout.root, "branch", "--list", "fix-6103") == ""
             assert git(checkout.root, "branch", "--show-current") == "main\n"
 
-    def test_branch_refused_when_it_exists(self, cli, git, refused, snapshot, checkout, submitter):
+    def test_branch_refused_when_it_exists(self, branch, git, refused, snapshot, checkout, submitter):
         git(checkout.root, "branch", "fix-6103")
         before = snapshot(checkout.root)
-        refused(cli("apply", "--branch", "fix-6103", checkout.root), 2, "already exists")
+        refused(branch(checkout.root, "fix-6103"), 2, "already exists")
         assert snapshot(checkout.root) == before
 
     @pytest.mark.parametrize("existing, wanted", [("fix", "fix/mtp-mask"), ("fix/mtp-mask", "fix")])
-    def test_branch_whose_name_clashes_with_a_branch(self, cli, git, refused, checkout, submitter, existing, wanted):
+    def test_branch_whose_name_clashes_with_a_branch(
+        self, branch, git, refused, checkout, submitter, existing, wanted
+    ):
         """git stores `fix` and `fix/x` as a file and a folder: one cannot be made beside the other. Refused with the
         checkout as it was: on its branch, nothing staged, no new branch."""
         git(checkout.root, "branch", existing)
         branches = git(checkout.root, "branch")
-        refused(cli("apply", "--branch", wanted, checkout.root), 2, "nothing changed")
+        refused(branch(checkout.root, wanted), 2, "nothing changed")
         assert git(checkout.root, "branch") == branches
         assert git(checkout.root, "status", "--porcelain") == ""
 
-    def test_branch_when_already_fixed_exits_0_and_makes_none(self, cli, git, checkout, submitter):
-        assert cli("apply", "--branch", "fix-6103", checkout.root).returncode == 0
-        result = cli("apply", "--branch", "again", checkout.root)
+    def test_branch_when_already_fixed_exits_0_and_makes_none(self, branch, git, checkout, submitter):
+        assert branch(checkout.root, "fix-6103").returncode == 0
+        result = branch(checkout.root, "again")
         assert (result.returncode, result.stderr) == (0, "")
         assert "already fixed" in result.stdout and "no branch made" in result.stdout
         assert "again" not in git(checkout.root, "branch")

@@ -67,7 +67,7 @@ class TestMailbox:
         assert re.fullmatch(r"[0-9a-f]{40}", patch.base_commit or "")
 
     def test_no_sign_off(self, patch):
-        """The submitter signs off with `apply --branch` (git am -s); the carried patch holds none."""
+        """The submitter signs off with `./run branch` (git am -s); the carried patch holds none."""
         assert "Signed-off-by" not in patch.text
 
     def test_lf_line_endings_and_utf8(self):

@@ -3,15 +3,13 @@ the mailbox."""
 
 import datetime
 import re
-import subprocess
-import sys
 
 import pytest
 
 from maintain.refresh import build
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import PATCHES, REPO
+from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.targets import checkout as checkout_target
 
 from .conftest import FIXED, SUBMITTER, UPSTREAM_TEST
@@ -22,23 +20,17 @@ def _changed_lines(patch: Patch) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def upstream(cli, git, checkout):
+def upstream(branch, git, checkout):
     """The throwaway upstream with the patch as a commit on branch wip, made the way a developer would."""
     git(checkout.root, "config", "user.name", SUBMITTER[0])
     git(checkout.root, "config", "user.email", SUBMITTER[1])
-    assert cli("apply", "--branch", "wip", checkout.root).returncode == 0
+    assert branch(checkout.root, "wip").returncode == 0
     return checkout
 
 
 @pytest.fixture
-def refresh(tool_env):
-    """Run `./run refresh ARGS` as ./run does (from this checkout); returns the CompletedProcess."""
-
-    def run(*args) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "maintain.refresh", *map(str, args)]
-        return subprocess.run(command, cwd=REPO, env=tool_env, capture_output=True, text=True, timeout=300)
-
-    return run
+def refresh(maintain):
+    return lambda *args: maintain("refresh", *args)
 
 
 @pytest.fixture
@@ -55,7 +47,7 @@ class TestBuild:
             k: v for k, v in patch.metadata.items() if k != "Last-Update"
         }
         assert _changed_lines(new) == _changed_lines(patch)
-        assert "Signed-off-by" not in rebuilt  # `apply --branch` signed off; the carried patch holds none
+        assert "Signed-off-by" not in rebuilt  # `./run branch` signed off; the carried patch holds none
         assert rebuilt.startswith("From 0000000000000000000000000000000000000000 ")
 
     def test_byte_stable(self, upstream, patch, rebuilt):

@@ -1,0 +1,77 @@
+"""`./run branch CHECKOUT NAME`: the patch as a commit on a new branch of a Megatron-Bridge git checkout, authored and
+signed off by you (`git am -s`). The patch queue's first step (CONTRIBUTING.md): amend the commit there, then `./run
+refresh` writes it back; also the branch of the upstream PR. Elsewhere, `git am -s` of the patch file does the same."""
+
+import tempfile
+from pathlib import Path
+
+from mtp_mask_fix import check, cli, targets
+from mtp_mask_fix.check import already_fixed
+from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.git import first_error_line, git
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.targets import Target
+
+
+def valid_branch(branch: str) -> None:
+    """A refusal before any work unless git accepts the branch name (`git check-ref-format --branch`)."""
+    if not branch or git("check-ref-format", "--branch", branch, check=False).returncode != 0:
+        raise ToolError(f"branch {branch!r}: not a valid branch name (git check-ref-format --branch)")
+
+
+def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
+    """A new branch of a git checkout holding the patch as a commit authored and signed off by the submitter: made
+    by `git am -s` in a temporary worktree, so that the checkout only changes at the final `git switch`."""
+    root = target.root
+    for key in ("user.name", "user.email"):
+        if not git("config", key, cwd=root, check=False).stdout.strip():
+            raise ToolError(f"git {key} is not set in {target.label}; `git am -s` signs off as you")
+    if git("rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", cwd=root, check=False).returncode == 0:
+        raise ToolError(f"branch {branch} already exists in {target.label}")
+    if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
+        raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
+    verdict = check.check(target, patches)
+    if fixed := already_fixed(verdict):
+        return f"{target.label}: already fixed ({fixed}); no branch made"
+    if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
+        raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
+    with tempfile.TemporaryDirectory() as worktree:  # detached: a killed run leaves no branch behind
+        try:
+            _git(target, "worktree", "add", "--quiet", "--detach", worktree, "HEAD", cwd=root, code=Exit.FAILED)
+            _git(target, "am", "--quiet", "-s", str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
+            # --no-verify: a local pre-commit hook must not stop the amend of am's own commit; --reset-author:
+            # the submitter authors the upstream commit (the mailbox's From is this repo's placeholder).
+            _git(target, "commit", "-q", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=worktree)
+            commit = git("rev-parse", "HEAD", cwd=worktree).stdout.strip()
+        finally:
+            git("worktree", "remove", "--force", worktree, cwd=root, check=False)
+    # The branch first: git refuses a name that clashes with a branch (`fix` against `fix/x`) before any file
+    # changes, which `switch --create` would only find once it had switched the files.
+    _git(target, "branch", branch, commit, cwd=root)
+    try:
+        _git(target, "switch", "--quiet", branch, cwd=root)  # git refuses it if it would lose local edits
+    except BaseException:
+        git("branch", "--quiet", "-D", branch, cwd=root, check=False)
+        raise
+    return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `./run pr`"
+
+
+def _git(target: Target, *args: str, cwd: Path | str, code: Exit = Exit.USAGE) -> None:
+    """git, or a one-line refusal saying which step failed and that the checkout is as it was."""
+    if (done := git(*args, cwd=cwd, check=False)).returncode != 0:
+        why = first_error_line(done.stderr)
+        raise ToolError(f"{target.label}: git {args[0]} failed: {why}; nothing changed", code)
+
+
+def run(args) -> tuple[str, Exit]:
+    """What `./run branch ARGS` prints, and its exit code."""
+    valid_branch(args.name)
+    return make_branch(targets.checkout(args.checkout), check.candidates(), args.name), Exit.OK
+
+
+if __name__ == "__main__":
+    parser = cli.Parser(prog="./run branch", description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkout", help="the top of a Megatron-Bridge git checkout")
+    parser.add_argument("name", help="the new branch")
+    parser.set_defaults(func=run)
+    cli.main(parser=parser)
