@@ -1,8 +1,7 @@
 """mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
 
-Each cmd_* returns what it prints and its exit code. gate and pr import their modules when run: a training container
-needs neither.
-"""
+Each cmd_* returns what it prints and its exit code; gate and pr import their modules when run (a container needs
+neither)."""
 
 import argparse
 import os
@@ -51,11 +50,8 @@ def cmd_check(args) -> tuple[str, Exit]:
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
-    try:
-        python = interpreter(args.python)
-        target, patches = _target(args, python), check.candidates(args.patch)
-    except apply.Interrupted as signalled:
-        raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
+    python = interpreter(args.python)
+    target, patches = _target(args, python), check.candidates(args.patch)
     return apply.apply(target, patches, python=None if args.no_verify else python)
 
 
@@ -73,7 +69,7 @@ def cmd_verify(args) -> tuple[str, Exit]:
 
 
 def cmd_gate(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import gate  # a repo command (see the module docstring)
+    from mtp_mask_fix import gate
 
     if args.checkouts_only and not args.checkout:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
@@ -91,7 +87,7 @@ def cmd_status(args) -> tuple[str, Exit]:
 
 
 def cmd_pr(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import pr  # a repo command (see the module docstring)
+    from mtp_mask_fix import pr
 
     return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
 
@@ -128,9 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkout", action="append", type=Path, default=[], help="also gate an upstream checkout (HEAD)")
     p.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
     p = command(cmd_pr, "print the review of #6105 and the fallback PR body, from this patch's gated red/green")
-    p.add_argument(
-        "--co-author", help="\"Name <email>\" as on #6105's commits (pull/6105.patch): the PR body's credit"
-    )
+    p.add_argument("--co-author", help='"Name <email>" as on #6105\'s commits (pull/6105.patch), credited')
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", pinned)
     return parser
 
@@ -149,7 +143,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
         print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
         code = Exit.FAILED
-    except apply.Interrupted as exc:
-        print(f"mtp-mask-fix: error: interrupted by {exc.name}", file=sys.stderr)
+    except apply.Interrupted as exc:  # apply says more itself; nothing else writes a target
+        print(f"mtp-mask-fix: error: interrupted by {exc.name}: nothing changed", file=sys.stderr)
         code = exc.code
     sys.exit(int(code))

@@ -56,10 +56,6 @@ class Run:
     gpt_step_files: set[str]
     reasons: dict[str, str] = field(default_factory=dict)  # a collection error's last `E` line (e.g. ImportError)
 
-    def split(self) -> tuple[list[str], list[str]]:
-        """(FAIL_TO_PASS, PASS_TO_PASS) among the tests this session ran."""
-        return [n for n in self.outcomes if n in self.marked], [n for n in self.outcomes if n not in self.marked]
-
     def of(self, nodeid: str) -> Outcome:
         return self.outcomes.get(nodeid, Outcome.MISSING)
 
@@ -89,7 +85,7 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
     with tempfile.TemporaryDirectory() as tmp:
         specs = [(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd)) for i, job in enumerate(jobs)]
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        runner = [python, "-m", "mtp_mask_fix.redgreen"]
+        runner = [python, "-m", "mtp_mask_fix.redgreen"]  # reads the specs as JSON on stdin
         done = subprocess.run(runner, input=json.dumps(specs), capture_output=True, text=True, env=env)
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["?"])[-1]
