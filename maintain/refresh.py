@@ -1,5 +1,5 @@
-"""`./run refresh`: the patches/ files, rewritten byte-stable from where they come from. gbp-pq style: `apply CHECKOUT
---branch wip` makes the patch a commit; amend it there, and `--upstream CHECKOUT` writes it back once it holds
+"""`./run refresh`: the patches/ files, rewritten byte-stable from where they come from. gbp-pq style: `./run branch
+CHECKOUT wip` makes the patch a commit; amend it there, and `--upstream CHECKOUT` writes it back once it holds
 red/green there (the checkout is never changed). `--backports` derives each older line's patch (a tool test checks
 them): before 0.6 the `forward_args` literal is followed by `if cu_seqlens is not None:`, so the source hunks are
 applied with two lines of trailing context."""
