@@ -12,7 +12,8 @@ Two test sets are held to it, each on its own:
   those tests run (without it they skip; with MTP_UPSTREAM_REQUIRED=1, as the nightly job sets it, they fail).
 
 Each variant rewrites the fix (a regex edit that must match exactly once) and runs the tests with that tree first on
-the import path; all sessions are forked from one warm process.
+the import path; all sessions are forked from one warm process. Each session also runs `verify`'s behaviour probe
+(tests/support/probe_session.py), whose verdict per variant is pinned here apart from both test sets.
 """
 
 import os
@@ -73,6 +74,19 @@ CORRECT_REWRITES = {
 }
 VARIANTS = {**WRONG_FIXES, **CORRECT_REWRITES}
 RED = (Outcome.ASSERTION, Outcome.OTHER_FAILURE)
+# The wrong fixes verify's probe judges delivered, by design: its one forward_step call is dense, with gradients on, to
+# a plain function (no `training`), through gpt_step's own get_batch and not the schedule plan; and #6105's
+# unconditional kwarg does hand the batch's mask to a model with MTP on (what it breaks is a model without MTP).
+PROBE_BLIND = {
+    "the schedule-plan path loses it",
+    "only dense batches",
+    "only in training mode",
+    "only with gradients on",
+    "only gpt_step's own get_batch (not deepseek_v4_step)",
+    "passed to every model, one without loss_mask too (#6105)",
+}
+PROBE_FILE = "tests/support/probe_session.py"
+PROBE = f"{PROBE_FILE}::test_verify_probe_finds_the_batchs_loss_mask"
 
 
 def rewrite(text: str, edits: list[tuple[str, str]], where: str) -> str:
@@ -116,7 +130,7 @@ def _upstream_bound_tests() -> Path:
 
 
 def _variant_jobs() -> list[Job]:
-    job = Job(("tests/unit_tests", str(_upstream_bound_tests())), VIEW)
+    job = Job(("tests/unit_tests", str(_upstream_bound_tests()), PROBE_FILE), VIEW)
     return variant_jobs(VIEW, GPT_STEP, job, WORK / "variants")
 
 
@@ -137,9 +151,10 @@ def runs():
 
 
 def _suites(run) -> dict[str, dict]:
-    """A run's outcomes split into the fork's unit tests and the upstream-bound ones."""
-    upstream = {n: o for n, o in run.outcomes.items() if not n.startswith("tests/unit_tests/")}
-    return {"tests/unit_tests": {n: o for n, o in run.outcomes.items() if n not in upstream}, "upstream": upstream}
+    """A run's outcomes split into the fork's unit tests and the upstream-bound ones; the probe is neither."""
+    unit = {n: o for n, o in run.outcomes.items() if n.startswith("tests/unit_tests/")}
+    upstream = {n: o for n, o in run.outcomes.items() if n not in unit and not n.startswith(f"{PROBE_FILE}::")}
+    return {"tests/unit_tests": unit, "upstream": upstream}
 
 
 class TestWrongFixesTurnRed:
@@ -159,6 +174,24 @@ class TestCorrectRewritesStayGreen:
     def test_correct_rewrite_passes(self, runs, name):
         assert {n: o for n, o in runs[name].outcomes.items() if o != Outcome.PASSED} == {}
         assert set(runs[name].outcomes) == set(runs["carried"].outcomes)
+
+
+class TestVerifyProbeVerdict:
+    """verify's judgement, by behaviour, on each variant's tree: delivered for the carried fix, every correct rewrite
+    and the wrong fixes it is blind to (PROBE_BLIND, #6105's among them); not delivered for every other wrong fix,
+    with verify's reason."""
+
+    @pytest.mark.parametrize("name", ["carried", *VARIANTS])
+    def test_probe_verdict(self, runs, name):
+        delivered = name not in WRONG_FIXES or name in PROBE_BLIND
+        assert runs[name].of(PROBE) == (Outcome.PASSED if delivered else Outcome.ASSERTION)
+        reason = runs[name].reasons.get(PROBE, "")
+        if delivered:
+            assert reason == "the model receives the batch's loss_mask with MTP on"
+        elif name in ("reverted", "another kwarg name", "only packed batches"):
+            assert reason.startswith("the model received no loss_mask with MTP on"), reason
+        else:  # a value, but not the mask: verify names it
+            assert "not the batch's mask" in reason, reason
 
 
 @pytest.fixture(scope="module")
