@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from mtp_mask_fix import cli, targets
+from mtp_mask_fix.apply import write_atomic
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
 from mtp_mask_fix.git import apply_diff, first_error_line, git
@@ -64,7 +65,7 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
             raise ToolError(f"not written: the patch from {rev} does not hold: {'; '.join(notes)}", Exit.FAILED)
         held = f"red/green held on {upstream.label} ({row.red} red on the base, {row.green} green patched)"
     if text != old.text:
-        old.path.write_text(text)
+        write_atomic(old.path, text.encode())  # a signal cannot leave it half-written
     return f"{old.path.name}: {'rewritten' if text != old.text else 'unchanged (byte-identical)'}; {held}"
 
 
@@ -99,7 +100,7 @@ def backports() -> str:
         same = dest.is_file() and dest.read_text() == text
         said.append(f"{dest.relative_to(PATCHES.parent)}: {'unchanged' if same else 'rewritten'}")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text)
+        write_atomic(dest, text.encode())
     return "\n".join(said)
 
 

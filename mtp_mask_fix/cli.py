@@ -20,7 +20,7 @@ RELEASE = "a release version such as 0.6.2, or `latest`"
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose complaints are one line and exit 2, like every refusal (the repo's ./run refresh uses it too)."""
+    """argparse whose complaints are one line and exit 2, like every refusal (maintain/'s commands use it too)."""
 
     def error(self, message):
         raise ToolError(f"{message} (see {self.prog} --help)")
@@ -50,8 +50,11 @@ def cmd_check(args) -> tuple[str, Exit]:
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
-    python = interpreter(args.python)
-    target, patches = _target(args, python), check.candidates(args.patch)
+    try:
+        python = interpreter(args.python)
+        target, patches = _target(args, python), check.candidates(args.patch)
+    except apply.Interrupted as signalled:
+        raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
     return apply.apply(target, patches, python=None if args.no_verify else python)
 
 
@@ -130,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
-    """Console entry point (also of the repo's ./run refresh): one line on stderr for any refusal, its exit code."""
+    """Console entry point (also of maintain/'s commands): one line on stderr for any refusal, its exit code."""
     try:
         with apply.Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply rolls back first)
             args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
         print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
         code = Exit.FAILED
-    except apply.Interrupted as exc:  # apply says more itself; nothing else writes a target
-        print(f"mtp-mask-fix: error: interrupted by {exc.name}: nothing changed", file=sys.stderr)
+    except apply.Interrupted as exc:  # apply says what it left; other commands may be stopped mid-write
+        print(f"mtp-mask-fix: error: interrupted by {exc.name}", file=sys.stderr)
         code = exc.code
     sys.exit(int(code))

@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parents[1]  # this repo's checkout (the clone-only verbs: view, gate, refresh, pr)
+REPO = Path(__file__).resolve().parents[1]  # this repo's checkout (what gate runs, pr reads, maintain/ writes)
 # The patch files travel as package data: mtp_mask_fix/patches is a link to patches/ in a checkout and a copy of it
 # in an installed tool (pyproject's package-data), so both read them from the package.
 PATCHES = Path(str(importlib.resources.files("mtp_mask_fix") / "patches"))

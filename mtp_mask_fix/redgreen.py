@@ -54,7 +54,9 @@ class Run:
     outcomes: dict[str, Outcome]
     marked: set[str]
     gpt_step_files: set[str]
-    reasons: dict[str, str] = field(default_factory=dict)  # a collection error's last `E` line (e.g. ImportError)
+    reasons: dict[str, str] = field(
+        default_factory=dict
+    )  # a collection error's last `E` line; a test's record_property("reason")
 
     def of(self, nodeid: str) -> Outcome:
         return self.outcomes.get(nodeid, Outcome.MISSING)
@@ -126,7 +128,8 @@ def pytest_runtest_makereport(item, call):
             outcome = Outcome.SETUP_ERROR
         else:
             outcome = Outcome.ASSERTION if call.excinfo.errisinstance(AssertionError) else Outcome.OTHER_FAILURE
-        _record(item.nodeid, outcome, fail_to_pass=item.get_closest_marker("fail_to_pass") is not None)
+        reason = {key: value for key, value in item.user_properties if key == "reason"}  # record_property's
+        _record(item.nodeid, outcome, fail_to_pass=item.get_closest_marker("fail_to_pass") is not None, **reason)
 
 
 def pytest_collectreport(report):

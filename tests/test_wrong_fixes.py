@@ -177,9 +177,13 @@ class TestCorrectRewritesStayGreen:
 
 
 class TestVerifyProbeVerdict:
-    """verify's judgement, by behaviour, on each variant's tree: delivered for the carried fix, every correct rewrite
-    and the wrong fixes it is blind to (PROBE_BLIND, #6105's among them); not delivered for every other wrong fix,
-    with verify's reason."""
+    """The judgement of verify's probe (probe.probe(), in the variant's warm session; the CLI's cold run and exit
+    codes are tests/tool's unpatched and patched cases) on each variant's tree: delivered for the carried fix, every
+    correct rewrite and the wrong fixes it is blind to (PROBE_BLIND, #6105's among them); not delivered for every other
+    wrong fix, with verify's reason."""
+
+    def test_the_blind_spots_are_wrong_fixes(self):
+        assert PROBE_BLIND <= WRONG_FIXES.keys()
 
     @pytest.mark.parametrize("name", ["carried", *VARIANTS])
     def test_probe_verdict(self, runs, name):

@@ -1,22 +1,20 @@
 """verify's behaviour probe as a test of a wrong-fix variant's session (tests/test_wrong_fixes.py adds this file to each
-one's arguments): the probe runs the session's own gpt_step.py, and passes only if it finds the batch's loss_mask
-delivered. Its outcome and reason are read by tests/test_wrong_fixes.py, which pins the verdict per variant. Not a
-test_ file: the suite's own session does not collect it."""
+one's arguments): the probe runs the session's own gpt_step.py (run_many checks which file each session imported),
+and passes only if it finds the batch's loss_mask delivered. Its outcome and reason are read by
+tests/test_wrong_fixes.py, which pins the verdict per variant. Not a test_ file: the suite's own session does not
+collect it."""
 
 from mtp_mask_fix.probe import probe
-from mtp_mask_fix.redgreen import Outcome, _record
 
 
 STUBBED = ("get_model_config", "get_pg_collection", "get_batch")  # what probe() replaces in gpt_step
 
 
-def test_verify_probe_finds_the_batchs_loss_mask(request, monkeypatch):
+def test_verify_probe_finds_the_batchs_loss_mask(monkeypatch, record_property):
     import megatron.bridge.training.gpt_step as gpt_step
 
-    for name in STUBBED:  # put back after the test: the session's other tests run the real ones
+    for name in STUBBED:  # put back after the test, whatever runs next in the session
         monkeypatch.setattr(gpt_step, name, getattr(gpt_step, name))
     found = probe()
-    assert found["file"] == gpt_step.__file__
-    # The reason travels in the session's record (Run.reasons); the outcome recorded after this test's call wins.
-    _record(request.node.nodeid, Outcome.PASSED if found["delivered"] else Outcome.ASSERTION, reason=found["reason"])
+    record_property("reason", found["reason"])  # the session's record carries it (Run.reasons)
     assert found["delivered"], found["reason"]
