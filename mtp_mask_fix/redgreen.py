@@ -54,9 +54,8 @@ class Run:
     outcomes: dict[str, Outcome]
     marked: set[str]
     gpt_step_files: set[str]
-    reasons: dict[str, str] = field(
-        default_factory=dict
-    )  # a collection error's last `E` line; a test's record_property("reason")
+    # A collection error's last `E` line; a test's record_property("reason").
+    reasons: dict[str, str] = field(default_factory=dict)
 
     def of(self, nodeid: str) -> Outcome:
         return self.outcomes.get(nodeid, Outcome.MISSING)
