@@ -12,7 +12,6 @@ from pathlib import Path
 from mtp_mask_fix import cli, targets
 from mtp_mask_fix.apply import write_atomic
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
 from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE, PATCHES
@@ -58,6 +57,10 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
     text = build(upstream, rev, old)
     held = "red/green not run (--no-verify)"
     if python:
+        # Imported here, as cli imports gate: at module level its pytest import would widen the start-up window in
+        # which a Ctrl-C, arriving before cli.main's Guard, prints a traceback.
+        from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
+
         row = checkout_row(upstream, Patch.parse(old.path, text), rev=f"{rev}^1")
         evaluate([row], python)
         if row.verdict != Verdict.PASS:
