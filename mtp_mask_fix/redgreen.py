@@ -1,6 +1,7 @@
 """Red/green: the contract (Outcome, Run, problems), and the runner and pytest plugin that measure it. `run_many`
-starts `python -m mtp_mask_fix.redgreen` in the interpreter under test: it imports the third-party stack once (never
-megatron.bridge), then forks a session per job, its tree first on the import path and this module its plugin."""
+starts `python -m mtp_mask_fix.redgreen` in the interpreter under test: it imports the third-party stack and the first
+tree's megatron.bridge once (never gpt_step), then forks a session per job, its tree first on the import path and this
+module its plugin. A session keeps that megatron.bridge only if each of its modules is the same file in its own tree."""
 
 import importlib.util
 import json
@@ -138,7 +139,44 @@ def pytest_collectreport(report):
         _record(report.nodeid, Outcome.COLLECTION_ERROR, reason=reason)
 
 
-def _session(out: str, tree: str, args: list[str], cwd: str) -> None:
+def _bridge() -> dict:
+    return {name: module for name, module in sys.modules.items() if name.split(".")[:2] == ["megatron", "bridge"]}
+
+
+def _warm_bridge(tree: str) -> None:
+    """megatron.bridge as `tree` has it, imported once; dropped if it fails there or pulls in gpt_step."""
+    sys.path.insert(0, tree)
+    try:
+        importlib.import_module("megatron.bridge")
+    except Exception:
+        pass
+    sys.path.remove(tree)
+    if GPT_STEP_MODULE in sys.modules or "megatron.bridge" not in sys.modules:
+        _drop_bridge()
+
+
+def _drop_bridge() -> None:
+    for name in _bridge():
+        del sys.modules[name]
+
+
+def _adopt_bridge(tree: str, warmed: str) -> None:
+    """The warm megatron.bridge, its packages now searched in `tree`, if every module of it is the same file there
+    (a tree's links into its base); else none, for the session to import its own."""
+    located = {}
+    for module in _bridge().values():
+        where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])), None)
+        mine = where and os.path.join(tree, os.path.relpath(where, warmed))
+        if not (mine and os.path.exists(mine) and os.path.samefile(mine, where)):
+            return _drop_bridge()
+        located[module] = mine
+    for module, mine in located.items():
+        if hasattr(module, "__path__"):
+            module.__path__ = [os.path.dirname(mine) if getattr(module, "__file__", None) else mine]
+
+
+def _session(out: str, tree: str, args: list[str], cwd: str, warmed: str) -> None:
+    _adopt_bridge(tree, warmed)
     os.chdir(cwd)
     os.environ["MTP_FIX_OUTCOMES"] = out
     Path(out).touch()  # a session that records nothing still leaves its file
@@ -149,9 +187,12 @@ if __name__ == "__main__":  # the runner: each [out, tree, args, cwd] on stdin i
     for module in WARM:  # what this environment lacks is not warmed (megatron-core < 0.17 has no megatron.training)
         if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
             importlib.import_module(module)
+    specs = json.load(sys.stdin)
+    if specs:
+        _warm_bridge(specs[0][1])
     parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
     fork = multiprocessing.get_context("fork")  # not a Pool: it waits forever on a worker that died
-    pending, running = [fork.Process(target=_session, args=spec) for spec in json.load(sys.stdin)], []
+    pending, running = [fork.Process(target=_session, args=(*spec, specs[0][1])) for spec in specs], []
     while pending or running:  # a session that dies (os._exit, a signal) ends there: its tests read "did not run"
         while pending and len(running) < parallel:
             running.append(pending.pop(0))

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.paths import REPO, VIEW, is_gpt_step_of
+from mtp_mask_fix.paths import PACKAGE, REPO, VIEW, WORK, is_gpt_step_of
 from mtp_mask_fix.redgreen import Job, Outcome, Run, problems, run_many
 from mtp_mask_fix.targets import pins, release
+from mtp_mask_fix.trees import materialise
 from tests.support import sessions
 
 
@@ -41,10 +42,24 @@ def _base_job() -> Job:
     return Job(tuple(SUITES.values()), release(pins()["megatron-bridge"]).root)
 
 
+BRIDGE_SESSION = "tests/support/bridge_session.py"
+INIT = f"{PACKAGE}/__init__.py"
+
+
+def _bridge_jobs() -> list[Job]:
+    """Two trees of the release: one of links only, one whose megatron/bridge/__init__.py differs (it sets a mark)."""
+    base, work = release(pins()["megatron-bridge"]).root, WORK / "runner"
+    changed = {INIT: (base / INIT).read_text() + "\nMTP_FIX_MARK = True\n"}
+    trees = [materialise(base, work / "linked"), materialise(base, work / "changed", rewrite=changed)]
+    return [Job((BRIDGE_SESSION,), tree) for tree in trees]
+
+
 def start_early(pool) -> None:
-    """The base's session, queued by tests/conftest.py once the suite is collected (tests/support/sessions.py: one
-    warm runner for it and the wrong-fix variants)."""
+    """The base's session, then the runner's two, queued by tests/conftest.py once the suite is collected
+    (tests/support/sessions.py: one warm runner for them and the wrong-fix variants; the first job's tree is the one
+    whose megatron.bridge the runner imports before it forks)."""
     EARLY["base"] = sessions.BATCH.add([_base_job()])
+    EARLY["bridge"] = sessions.BATCH.add(_bridge_jobs())
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +112,28 @@ class TestRedGreen:
         for side, tree in (("base", base_tree), ("patched", VIEW)):
             files = runs[suite][side].gpt_step_files
             assert files and all(is_gpt_step_of(f, tree) for f in files), f"{side} imported {files}"
+
+
+@pytest.fixture(scope="module")
+def bridge_found():
+    """What each of the runner's two sessions recorded of megatron.bridge."""
+    jobs = _bridge_jobs() if "bridge" not in EARLY else None
+    linked, changed = EARLY["bridge"]() if jobs is None else run_many([_base_job(), *jobs])[1:]
+    return {
+        name: json.loads(run.reasons[f"{BRIDGE_SESSION}::test_record_megatron_bridge"])
+        for name, run in (("linked", linked), ("changed", changed))
+    }
+
+
+class TestRunner:
+    """The runner imports megatron.bridge once from the first session's tree; each session must still run its own."""
+
+    def test_a_tree_of_links_keeps_the_warm_import_searched_in_itself(self, bridge_found):
+        base = release(pins()["megatron-bridge"]).root
+        assert bridge_found["linked"]["file"] == str(base / INIT)  # imported before the fork, not again
+        assert bridge_found["linked"]["path"] == [str(WORK / "runner" / "linked" / PACKAGE)]
+        assert not bridge_found["linked"]["marked"]
+
+    def test_a_tree_whose_megatron_bridge_differs_imports_its_own(self, bridge_found):
+        assert bridge_found["changed"]["file"] == str(WORK / "runner" / "changed" / INIT)
+        assert bridge_found["changed"]["marked"]

@@ -1,0 +1,17 @@
+"""What a red/green session got of megatron.bridge, recorded as a test's property (tests/test_red_green.py adds this
+file to a session's arguments and reads the record). The runner imports megatron.bridge once, before it forks; a
+session keeps that import only where each of its modules is the same file in the session's own tree. Not a test_
+file: the suite's own session does not collect it."""
+
+import json
+
+
+def test_record_megatron_bridge(record_property):
+    import megatron.bridge
+
+    found = {
+        "file": megatron.bridge.__file__,
+        "path": list(megatron.bridge.__path__),
+        "marked": hasattr(megatron.bridge, "MTP_FIX_MARK"),
+    }
+    record_property("reason", json.dumps(found))  # the session's record carries it (Run.reasons)
