@@ -139,20 +139,8 @@ def pytest_collectreport(report):
         _record(report.nodeid, Outcome.COLLECTION_ERROR, reason=reason)
 
 
-def _bridge() -> dict:
-    return {name: module for name, module in sys.modules.items() if name.split(".")[:2] == ["megatron", "bridge"]}
-
-
-def _warm_bridge(tree: str) -> None:
-    """megatron.bridge as `tree` has it, imported once; dropped if it fails there or pulls in gpt_step."""
-    sys.path.insert(0, tree)
-    try:
-        importlib.import_module("megatron.bridge")
-    except Exception:
-        pass
-    sys.path.remove(tree)
-    if GPT_STEP_MODULE in sys.modules or "megatron.bridge" not in sys.modules:
-        _drop_bridge()
+def _bridge() -> list[str]:
+    return [name for name in sys.modules if name.split(".")[:2] == ["megatron", "bridge"]]
 
 
 def _drop_bridge() -> None:
@@ -160,17 +148,28 @@ def _drop_bridge() -> None:
         del sys.modules[name]
 
 
+def _warm_bridge(tree: str) -> None:
+    """megatron.bridge as `tree` has it, imported once; none if that fails or imports gpt_step (a session's own)."""
+    sys.path.insert(0, tree)
+    try:
+        importlib.import_module("megatron.bridge")
+    except Exception:
+        _drop_bridge()
+    sys.path.remove(tree)
+    if GPT_STEP_MODULE in sys.modules:
+        _drop_bridge()
+
+
 def _adopt_bridge(tree: str, warmed: str) -> None:
-    """The warm megatron.bridge, its packages now searched in `tree`, if every module of it is the same file there
-    (a tree's links into its base); else none, for the session to import its own."""
-    located = {}
-    for module in _bridge().values():
+    """The warm megatron.bridge, its packages searched in `tree`, if each module is the same file there (a tree's
+    links into its base); else none, for the session to import its own."""
+    found = {}
+    for module in map(sys.modules.get, _bridge()):
         where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])), None)
-        mine = where and os.path.join(tree, os.path.relpath(where, warmed))
+        found[module] = mine = where and os.path.join(tree, os.path.relpath(where, warmed))
         if not (mine and os.path.exists(mine) and os.path.samefile(mine, where)):
             return _drop_bridge()
-        located[module] = mine
-    for module, mine in located.items():
+    for module, mine in found.items():
         if hasattr(module, "__path__"):
             module.__path__ = [os.path.dirname(mine) if getattr(module, "__file__", None) else mine]
 
