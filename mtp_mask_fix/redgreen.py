@@ -144,8 +144,11 @@ def _bridge() -> list[str]:
 
 
 def _drop_bridge() -> None:
+    """No megatron.bridge at all: out of sys.modules and off `megatron` (`from megatron import bridge` reads that)."""
     for name in _bridge():
         del sys.modules[name]
+    if hasattr(sys.modules.get("megatron"), "bridge"):
+        del sys.modules["megatron"].bridge
 
 
 def _warm_bridge(tree: str) -> None:
@@ -163,7 +166,7 @@ def _warm_bridge(tree: str) -> None:
 def _adopt_bridge(tree: str, warmed: str) -> None:
     """The warm megatron.bridge, its packages searched in `tree`, if each module is the same file there (a tree's
     links into its base); else none, for the session to import its own."""
-    found = {}
+    found, tree = {}, os.path.abspath(tree)  # absolute: the session changes directory before it imports
     for module in map(sys.modules.get, _bridge()):
         where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])), None)
         found[module] = mine = where and os.path.join(tree, os.path.relpath(where, warmed))

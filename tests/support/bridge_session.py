@@ -7,11 +7,9 @@ import json
 
 
 def test_record_megatron_bridge(record_property):
-    import megatron.bridge
+    from megatron import (
+        bridge,
+    )  # this form reads the attribute `megatron.bridge` first, which a dropped import may leave
 
-    found = {
-        "file": megatron.bridge.__file__,
-        "path": list(megatron.bridge.__path__),
-        "marked": hasattr(megatron.bridge, "MTP_FIX_MARK"),
-    }
+    found = {"file": bridge.__file__, "path": list(bridge.__path__), "marked": hasattr(bridge, "MTP_FIX_MARK")}
     record_property("reason", json.dumps(found))  # the session's record carries it (Run.reasons)
