@@ -156,24 +156,27 @@ def _warm_bridge(tree: str) -> None:
     sys.path.insert(0, tree)
     try:
         importlib.import_module("megatron.bridge")
+        shared = GPT_STEP_MODULE not in sys.modules
     except Exception:
-        _drop_bridge()
+        shared = False
     sys.path.remove(tree)
-    if GPT_STEP_MODULE in sys.modules:
+    if not shared:
         _drop_bridge()
 
 
 def _adopt_bridge(tree: str, warmed: str) -> None:
     """The warm megatron.bridge, its packages searched in `tree`, if each module is the same file there (a tree's
     links into its base); else none, for the session to import its own."""
-    found, tree = {}, os.path.abspath(tree)  # absolute: the session changes directory before it imports
+    tree, found = os.path.abspath(tree), {}  # absolute: the session changes directory before it imports
     for module in map(sys.modules.get, _bridge()):
         where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])), None)
-        found[module] = mine = where and os.path.join(tree, os.path.relpath(where, warmed))
+        mine = os.path.join(tree, os.path.relpath(where, warmed)) if where else None
         if not (mine and os.path.exists(mine) and os.path.samefile(mine, where)):
-            return _drop_bridge()
+            _drop_bridge()
+            return
+        found[module] = mine
     for module, mine in found.items():
-        if hasattr(module, "__path__"):
+        if hasattr(module, "__path__"):  # a package: its own directory there, or a namespace package's
             module.__path__ = [os.path.dirname(mine) if getattr(module, "__file__", None) else mine]
 
 

@@ -7,9 +7,8 @@ import json
 
 
 def test_record_megatron_bridge(record_property):
-    from megatron import (
-        bridge,
-    )  # this form reads the attribute `megatron.bridge` first, which a dropped import may leave
+    # This form reads the attribute `megatron.bridge` first, which a dropped import may leave behind.
+    from megatron import bridge
 
     found = {"file": bridge.__file__, "path": list(bridge.__path__), "marked": hasattr(bridge, "MTP_FIX_MARK")}
     record_property("reason", json.dumps(found))  # the session's record carries it (Run.reasons)
