@@ -83,10 +83,10 @@ def cmd_gate(args) -> tuple[str, Exit]:
 
 
 def cmd_status(args) -> tuple[str, Exit]:
-    patch = Patch.load(args.patch)
-    block = "".join(f"  {key}: {value}\n" for key, value in patch.metadata.items())
-    verdict = check.check(targets.resolve(args.target), patch)
-    return f"{patch.path.name}: {patch.subject}\n{block}  on {verdict}", Exit.OK
+    patches = check.candidates(args.patch)  # the carried patch's block; judged as `check` judges, backports too
+    block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
+    verdict = check.check(targets.resolve(args.target), patches)
+    return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", Exit.OK
 
 
 def cmd_pr(args) -> tuple[str, Exit]:

@@ -465,6 +465,14 @@ class TestReleaseLines:
             "the bug is present"
         )
 
+    @pytest.mark.parametrize("version", RELEASES)
+    def test_status_says_the_release_still_needs_the_patch(self, cli, version):
+        result = cli("status", version)
+        assert result.stdout.splitlines()[-1] == (
+            f"  on megatron-bridge=={version} (PyPI): the patch applies (source hunks only, {RELEASES[version]}); "
+            "the bug is present"
+        ), result.stderr
+
     def test_pinned_release_is_one_of_them(self):
         assert PINNED in RELEASES
 
