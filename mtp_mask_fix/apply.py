@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import tempfile
-import time
 from pathlib import Path
 
 from mtp_mask_fix.check import JOURNAL, already_fixed, check, journal, left, scope, verify
@@ -52,14 +51,6 @@ def held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
-def phase(name: str) -> None:
-    """Test hook: with MTP_MASK_FIX_PAUSE=NAME:FILE, apply creates FILE at phase NAME and waits for a signal."""
-    want, _, marker = os.environ.get("MTP_MASK_FIX_PAUSE", "").partition(":")
-    if want == name and marker:
-        Path(marker).write_text(f"{os.getpid()}\n")
-        time.sleep(120)
 
 
 def _temp(path: Path) -> Path:
@@ -108,22 +99,17 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
             entries = {
                 rel: {"before": base64.b64encode(data).decode(), "after": digest[rel]} for rel, data in before.items()
             }
-            phase("checked")
             with held():
                 write_atomic(root / JOURNAL, json.dumps({"files": entries}).encode())
-            phase("journaled")
             with held():
                 for rel, data in after.items():
                     write_atomic(root / rel, data)
-            phase("replaced")
             delivered, reason = verify(target, python) if python else (True, "")
             if not delivered:
                 raise ToolError(f"{target.label}: rolled back: {reason}", Exit.FAILED)
-            phase("verified")
             with held():
                 (root / JOURNAL).unlink()
                 finished = "the apply had finished: patched" + (" and verified" if python else " (not verified)")
-            phase("done")
             verified = f"; verified with {python}: {reason}" if python else ""
             return f"{recovered}{target.label}: applied ({verdict.detail}){verified}", Exit.OK
         except BaseException as exc:

@@ -14,7 +14,7 @@ import pytest
 from unidiff import PatchSet
 
 from mtp_mask_fix.check import fix_present
-from mtp_mask_fix.paths import GPT_STEP, WORK
+from mtp_mask_fix.paths import GPT_STEP, REPO, WORK
 from mtp_mask_fix.targets import release as release_target
 from mtp_mask_fix.trees import materialise
 
@@ -536,11 +536,11 @@ def probe_ok(tmp_path):
 
 
 def start_paused(tool_env, tmp_path, phase, *args):
-    """Start `apply ARGS` and wait until it pauses at `phase` (MTP_MASK_FIX_PAUSE); returns the process."""
+    """Start `apply ARGS` and wait until it pauses at `phase` (tests/support/paused_apply.py); returns the process."""
     marker = tmp_path / f"paused-{phase}"
-    env = dict(tool_env, MTP_MASK_FIX_PAUSE=f"{phase}:{marker}")
+    env = dict(tool_env, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), tool_env.get("PYTHONPATH")])))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mtp_mask_fix", "apply", *map(str, args)],
+        [sys.executable, "-m", "tests.support.paused_apply", phase, str(marker), "apply", *map(str, args)],
         env=env,
         cwd=tmp_path,
         stdout=subprocess.PIPE,

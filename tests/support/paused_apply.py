@@ -1,0 +1,58 @@
+"""`python -m tests.support.paused_apply PHASE MARKER apply ARGS...`: the tool's CLI, paused once `apply` reaches
+PHASE, so that a test can signal or kill it there. At that moment it writes MARKER and sleeps.
+
+The tool carries no test hook. This module wraps the functions `apply` calls, and a phase is a state of the target.
+It is read only outside a held (signal-blocked) write, as a signal at that moment would find it:
+- checked: the new bytes are made, nothing is written;
+- journaled: the journal is written, the file is as before;
+- replaced: the journal is written, the file is patched;
+- verified: the probe has answered;
+- done: the journal is gone, the file is patched.
+"""
+
+import contextlib
+import os
+import sys
+import time
+from pathlib import Path
+
+from mtp_mask_fix import apply, cli
+from mtp_mask_fix.check import JOURNAL
+
+
+PHASE, MARKER, *ARGV = sys.argv[1:]
+FILES = {}  # the target's root and each file's bytes as patched, once the new bytes are made
+
+
+def pause(phase: str) -> None:
+    """Once: the rollback after a signal may find the target in the same state again."""
+    if phase == PHASE and not Path(MARKER).exists():
+        Path(MARKER).write_text(f"{os.getpid()}\n")
+        time.sleep(120)
+
+
+def new_bytes(target, patch, _real=apply._new_bytes):
+    before, after = _real(target, patch)
+    FILES.update(root=target.root, after=after)
+    pause("checked")
+    return before, after
+
+
+@contextlib.contextmanager
+def held(_real=apply.held):
+    with _real():
+        yield
+    if FILES:
+        journaled = (FILES["root"] / JOURNAL).exists()
+        patched = all((FILES["root"] / rel).read_bytes() == data for rel, data in FILES["after"].items())
+        pause({(True, False): "journaled", (True, True): "replaced", (False, True): "done"}.get((journaled, patched)))
+
+
+def verify(target, python, _real=apply.verify):
+    found = _real(target, python)
+    pause("verified")
+    return found
+
+
+apply._new_bytes, apply.held, apply.verify = new_bytes, held, verify
+cli.main(ARGV)
