@@ -4,6 +4,7 @@ Each cmd_* returns what it prints and its exit code; gate and pr import their mo
 neither)."""
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 from mtp_mask_fix import apply, check, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import CHECKOUT
 
 
 TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
@@ -72,10 +74,17 @@ def cmd_verify(args) -> tuple[str, Exit]:
 
 
 def cmd_gate(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import gate
-
     if args.checkouts_only and not args.checkout:
         raise ToolError("--checkouts-only needs at least one --checkout DIR")
+    if not (CHECKOUT or args.checkouts_only):  # an installed tool has neither the pin nor tests/unit_tests
+        raise ToolError(
+            "gate runs this repo's tests/unit_tests on a release: `./run gate` in a clone of this repo; installed, "
+            "it gates upstream checkouts with their own tests (--checkout DIR --checkouts-only)"
+        )
+    if importlib.util.find_spec("pytest") is None:
+        raise ToolError(f"gate runs pytest, which {sys.executable} cannot import: pip install pytest")
+    from mtp_mask_fix import gate
+
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
     checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
     releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
@@ -85,7 +94,7 @@ def cmd_gate(args) -> tuple[str, Exit]:
 def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates(args.patch)  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
-    verdict = check.check(targets.resolve(args.target), patches)
+    verdict = check.check(_target(args, interpreter(args.python)), patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", Exit.OK
 
 
@@ -116,7 +125,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
     tests = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
-    pinned = f"{RELEASE} (default: the pin)"
     imported = f"{RELEASE} (default: the Megatron-Bridge that --python imports)"
     command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", imported, trains)
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", imported, trains)
@@ -128,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
     p = command(cmd_pr, "print the review of #6105 and the fallback PR body, from this patch's gated red/green")
     p.add_argument("--co-author", help='"Name <email>" as on #6105\'s commits (pull/6105.patch), credited')
-    command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", pinned)
+    command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", imported, trains)
     return parser
 
 

@@ -46,9 +46,8 @@ def pins() -> dict[str, str]:
     return dict(line.split("==") for line in lines if line and not line.startswith("#"))
 
 
-def resolve(spec: str | None) -> Target:
-    """TARGET as the user wrote it: a directory, a version, `latest`; None means the pinned release."""
-    spec = spec or pins()["megatron-bridge"]
+def resolve(spec: str) -> Target:
+    """TARGET as the user wrote it: a directory, a version, `latest`."""
     path, what = Path(spec).expanduser(), "(a TARGET is a directory, a version or `latest`)"
     if not path.exists() and (spec == "latest" or re.match(r"^\d+(\.\d+)+\S*$", spec)):
         return release(spec)

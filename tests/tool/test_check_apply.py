@@ -670,6 +670,8 @@ class TestInstalledTool:
             ).stdout.strip()
         )
         assert verdict(run("check"), 0).startswith(f"{site}: the patch applies (source hunks only, {PATCH_FILE})")
+        status = run("status")  # on what this interpreter imports, as check
+        assert status.returncode == 0 and status.stdout.splitlines()[-1].startswith(f"  on {site}: the patch applies")
         before = snapshot(site / "megatron")
         # verify needs torch and megatron-core in that interpreter: without them apply rolls back, never exit 0
         refused(run("apply"), 5, "rolled back", python, "No module named 'torch'")
@@ -685,8 +687,24 @@ class TestInstalledTool:
         assert (again.returncode, again.stderr) == (0, "") and "already fixed" in again.stdout
         assert snapshot(site / "megatron") == patched
         assert "already applied" in verdict(run("check"), 3)
+        assert "already applied" in run("status").stdout.splitlines()[-1]
         refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
         assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
+
+    def test_gate_and_pr_say_what_they_need(self, installed_tool, tmp_path, refused):
+        """gate runs this repo's tests on a release (a clone has them) and pytest on a checkout; pr names gate as an
+        installed tool spells it."""
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HOME": str(tmp_path)}
+
+        def run(*args):
+            tool = installed_tool / "bin" / "mtp-mask-fix"
+            return subprocess.run([str(tool), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+
+        refused(run("gate"), 2, "a clone of this repo", "./run gate", "--checkouts-only")
+        refused(run("gate", "--release", "0.6.0"), 2, "a clone of this repo")
+        refused(run("gate", "--checkouts-only", "--checkout", str(tmp_path)), 2, "pytest", "pip install pytest")
+        refused(run("pr", "--co-author", "A <a@b.c>"), 5, "run `mtp-mask-fix gate --checkout")
+        assert not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
 
 
 class TestReleaseEnvironments:
