@@ -124,9 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
+    reads = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
     tests = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
     imported = f"{RELEASE} (default: the Megatron-Bridge that --python imports)"
-    command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", imported, trains)
+    command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", imported, reads)
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", imported, trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", imported, trains)
@@ -136,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
     p = command(cmd_pr, "print the review of #6105 and the fallback PR body, from this patch's gated red/green")
     p.add_argument("--co-author", help='"Name <email>" as on #6105\'s commits (pull/6105.patch), credited')
-    command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", imported, trains)
+    command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", imported, reads)
     return parser
 
 
