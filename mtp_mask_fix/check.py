@@ -103,9 +103,11 @@ def journal(root: Path) -> dict[str, tuple[bytes, str]] | None:
         return None
     try:
         files = json.loads((root / JOURNAL).read_text())["files"]
-        return {rel: (base64.b64decode(entry["before"]), entry["after"]) for rel, entry in files.items()}
+        entries = {rel: (base64.b64decode(entry["before"]), entry["after"]) for rel, entry in files.items()}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
+    inside = all(not Path(rel).is_absolute() and ".." not in Path(rel).parts for rel in entries)
+    return entries if inside else {}  # never a file outside root
 
 
 def left(root: Path) -> str | None:
@@ -169,7 +171,10 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         why = f"the probe could not run {target.label} under {python} ({tail}); pass --python an interpreter"
         return False, f"{why} that imports this Megatron-Bridge (its megatron-core)"
-    found = json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        found = json.loads(result.stdout.strip().splitlines()[-1])
+    except ValueError:
+        return False, f"{python} printed no probe result ({result.stdout.strip().splitlines()[-1][:200]!r})"
     if not is_gpt_step_of(found["file"], target.import_root):
         return False, f"{python} imported gpt_step from {found['file']}, not from {target.label}"
     return found["delivered"], found["reason"]

@@ -85,17 +85,18 @@ def cmd_gate(args) -> tuple[str, Exit]:
         raise ToolError(f"gate runs pytest, which {sys.executable} cannot import: pip install pytest")
     from mtp_mask_fix import gate
 
+    python = interpreter(args.python)
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
     checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
     releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
-    return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), interpreter(args.python))
+    return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), python)
 
 
 def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates(args.patch)  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
     verdict = check.check(_target(args, interpreter(args.python)), patches)
-    return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", Exit.OK
+    return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
 
 
 def cmd_pr(args) -> tuple[str, Exit]:

@@ -12,7 +12,7 @@ class Exit(IntEnum):
         member._value_, member.meaning = code, meaning
         return member
 
-    OK = 0, "done; `check`: the patch applies (the bug is present); `apply`: applied, or already fixed"
+    OK = 0, "done; `check`, `status`: the patch applies (the bug is present); `apply`: applied, or already fixed"
     USAGE = (
         2,
         (
@@ -20,7 +20,7 @@ class Exit(IntEnum):
             "uncommitted changes in a checkout, an unknown release"
         ),
     )
-    ALREADY_APPLIED = 3, "`check`, `gate`: the target already holds the fix (this patch or an equivalent): retire it"
+    ALREADY_APPLIED = 3, "`check`, `status`, `gate`: already fixed (this patch or an equivalent): retire the patch"
     DRIFTED = 4, "the patch no longer applies: upstream's text changed"
     FAILED = 5, "a check failed or tested nothing: red/green, a behaviour probe, a gate row, a missing figure"
     INTERRUPTED = (

@@ -68,17 +68,22 @@ def release_row(target: Target, patch: Patch) -> Row:
     return _row(target, patch, target.root, WORK / "gate" / target.root.name, ("tests/unit_tests",))
 
 
-def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
-    """Upstream at `rev` with the patch's test part, with all of it, and with each source hunk left out; ruff's notes."""
+def at(target: Target, rev: str = "HEAD") -> Target:
+    """A checkout at `rev` as a tree of its own (src, tests, the configs they read): gate never reads a work tree."""
     work = WORK / "gate" / f"checkout-{target.root.name}"
-    upstream = work / "upstream"
-    shutil.rmtree(upstream, ignore_errors=True)
-    upstream.mkdir(parents=True)
+    shutil.rmtree(work / "upstream", ignore_errors=True)
+    (work / "upstream").mkdir(parents=True)
     present = set(git("ls-tree", "--name-only", rev, cwd=target.root).stdout.split())
     paths = [path for path in ("src", "tests", "pyproject.toml", "ruff.toml") if path in present]
     git("archive", "-o", str(work / "upstream.tar"), rev, *paths, cwd=target.root)
-    shutil.unpack_archive(work / "upstream.tar", upstream)
-    row = _row(target, patch, upstream, work, tuple(patch.test_files()))
+    shutil.unpack_archive(work / "upstream.tar", work / "upstream")
+    return Target(target.label, work / "upstream", Kind.TREE)
+
+
+def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
+    """Upstream at `rev` with the patch's test part, with all of it, and with each source hunk left out; ruff's notes."""
+    upstream = at(target, rev).root
+    row = _row(target, patch, upstream, upstream.parent, tuple(patch.test_files()))
     row.touched = touched_tests(patch.test_files(), upstream, row.patched.cwd)
     row.notes = lint(row.patched.cwd, patch.paths())
     row.commit = git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=target.root).stdout.strip()
@@ -161,12 +166,13 @@ def gate(targets: list[Target], patches: list[Patch], python: str = sys.executab
     """Each target's state (on stderr), the sessions of those the patch applies to, the table and the worst exit."""
     start, rows = time.monotonic(), []
     for target in targets:
-        verdict = check(target, patches)
+        verdict = check(at(target) if target.kind == Kind.CHECKOUT else target, patches)
         print(f"[gate] {verdict}", file=sys.stderr)
         if verdict.state == State.APPLIES:
             rows.append((checkout_row if target.kind == Kind.CHECKOUT else release_row)(target, verdict.patch))
         else:
-            standing = Verdict.RETIRE if verdict.state.code == Exit.ALREADY_APPLIED else Verdict.DRIFTED
+            fixed, drifted = verdict.state.code == Exit.ALREADY_APPLIED, verdict.state == State.DRIFTED
+            standing = Verdict.RETIRE if fixed else Verdict.DRIFTED if drifted else Verdict.FAIL
             rows.append(Row(target, verdict.patch, verdict=standing, notes=[str(verdict)]))
     if sessions(rows):
         print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)

@@ -57,14 +57,14 @@ def falcon_h1_forward_lines(source: str) -> list[int] | None:
 
 def _measured(patch: Patch) -> list[dict]:
     """This patch's gated checkouts; refuses (exit 5, naming the command) when there are none or one is incomplete."""
-    path, run = results_file(patch), GATE.format(base=(patch.base_commit or "the patch's base-commit")[:12])
+    path, run = results_file(patch), GATE.format(base=(patch.base_commit or "")[:12] or "the patch's base-commit")
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ToolError(f"no red/green of this patch on an upstream checkout yet: run `{run}`", Exit.FAILED) from None
     except (OSError, ValueError) as exc:
         raise ToolError(f"cannot read {path} ({exc.__class__.__name__}): run `{run}` again", Exit.FAILED) from exc
-    rows = data.get("checkouts") if data.get("patch") == patch_key(patch) else None
+    rows = data.get("checkouts") if isinstance(data, dict) and data.get("patch") == patch_key(patch) else None
     if not rows or not all(re.fullmatch(form, str(r.get(key))) for r in rows for key, form in FIELDS.items()):
         raise ToolError(f"{path} holds no complete red/green of this patch: run `{run}`", Exit.FAILED)
     return rows
@@ -79,13 +79,14 @@ def _effect(patch: Patch) -> str:
 
 def render(patch: Patch, co_author: str | None) -> str:
     """Both texts, each between rules; the refusals come first and change nothing."""
+    if len(patch.test_files()) != 1:
+        raise ToolError(f"{patch.path.name}: pr needs the carried patch, which changes one upstream test file")
     rows = _measured(patch)
     if not co_author or not CO_AUTHOR.fullmatch(co_author.strip()):
         raise ToolError(
             '--co-author "Name <email>" is required: the identity on #6105\'s commits (see its pull/6105.patch); '
             "it is not recorded here and never guessed"
         )
-    (test_file,) = patch.test_files()
     by_base = sorted(rows, key=lambda r: r["commit"] != patch.base_commit)
     falcon = next((r for r in by_base if r.get("falcon_h1_forward")), None)
     if falcon is None:
@@ -93,10 +94,10 @@ def render(patch: Patch, co_author: str | None) -> str:
     first, last = falcon["falcon_h1_forward"]
     values = {
         "fixed_file": FIXED_FILE,
-        "test_file": test_file,
+        "test_file": patch.test_files()[0],
         "falcon_h1": f"{UPSTREAM}/blob/{falcon['commit']}/{FALCON_H1}#L{first}-L{last}",
         "fix": patch.added(FIXED_FILE),
-        "tests": patch.added(test_file),
+        "tests": patch.added(patch.test_files()[0]),
         "subject": patch.subject,
         "co_author": co_author.strip(),
         "effect": _effect(patch),

@@ -1,5 +1,6 @@
 """Bad input: one `mtp-mask-fix: error:` line on stderr, a non-zero exit, and not one file changed."""
 
+import json
 import os
 import sys
 
@@ -206,6 +207,25 @@ class TestBadPatch:
         refused(cli("--patch", crlf, "apply", "--no-verify", root), 2, "CRLF line endings")
         assert unchanged()
 
+    def test_a_patch_that_changes_no_source_file(self, cli, refused, patch_copy, patch, guarded):
+        """The test part alone (no diffstat to contradict it) is no fix: refused, not reported as drifted."""
+        root, unchanged = guarded
+        header = patch.text.split("\n---\n", 1)[0]
+        tests_only = patch_copy("tests-only.patch", f"{header}\n---\n\n{patch.part(src=False)}".encode())
+        for command in (["check"], ["apply", "--no-verify"]):
+            refused(cli("--patch", tests_only, *command, root), 2, "changes to existing files")
+        assert unchanged()
+
+    def test_a_patch_that_creates_a_file(self, cli, refused, patch_copy, patch, guarded):
+        """apply replaces files that exist; a patch creating one is refused by every command alike."""
+        root, unchanged = guarded
+        new = "src/megatron/bridge/training/new_module.py"
+        diff = f"diff --git a/{new} b/{new}\nnew file mode 100644\n--- /dev/null\n+++ b/{new}\n@@ -0,0 +1 @@\n+x = 1\n"
+        creates = patch_copy("creates.patch", (patch.text.split("\n---\n", 1)[0] + "\n---\n\n" + diff).encode())
+        for command in (["check"], ["apply", "--no-verify"]):
+            refused(cli("--patch", creates, *command, root), 2, "changes to existing files")
+        assert unchanged()
+
     def test_missing_patch_file(self, cli, refused, tmp_path, guarded):
         root, unchanged = guarded
         refused(cli("--patch", tmp_path / "nope.patch", "check", root), 2, "cannot read patch")
@@ -262,6 +282,22 @@ class TestNotWritable:
             assert snapshot(site_packages.root) == before
         finally:
             folder.chmod(0o755)
+
+    def test_verify_with_an_interpreter_that_prints_no_result(self, cli, refused, tmp_path, site_packages):
+        python = tmp_path / "python-that-echoes"
+        python.write_text("#!/bin/sh\necho hello\n")
+        python.chmod(0o755)
+        refused(cli("verify", "--python", python, site_packages.root), 5, f"not verified with {python}", "hello")
+
+    def test_a_journal_naming_a_file_outside_the_target_is_not_followed(self, cli, site_packages):
+        """A journal is the tool's own, but it is read from disk: no entry reaches outside TARGET."""
+        outside = site_packages.root.parent / "outside.txt"
+        journal = {"files": {"../outside.txt": {"before": "aGkK", "after": "0" * 64}}}
+        (site_packages.root / ".mtp-mask-fix-journal.json").write_text(json.dumps(journal))
+        result = cli("apply", "--no-verify", site_packages.root)
+        assert result.returncode == 0, result.stderr
+        assert not outside.exists()
+        assert not (site_packages.root / ".mtp-mask-fix-journal.json").exists()
 
     def test_verify_without_torch_is_never_0(self, cli, refused, tmp_path, site_packages):
         python = tmp_path / "python-without-torch"

@@ -352,7 +352,8 @@ class TestStatus:
             assert f"  {key}: {value}\n" in before.stdout
         assert "the patch applies" in before.stdout.splitlines()[-1]
         assert cli("apply", "--no-verify", site_packages.root).returncode == 0
-        assert "already applied" in cli("status", site_packages.root).stdout.splitlines()[-1]
+        after = cli("status", site_packages.root)  # exit codes as check's: 3, retire
+        assert after.returncode == 3 and "already applied" in after.stdout.splitlines()[-1]
 
 
 # name: (gpt_step.py edit, apply this patch first); one copy of the release each. The probe's judgement of fixes

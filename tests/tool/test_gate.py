@@ -25,3 +25,15 @@ class TestGate:
         result = cli("gate", "--checkouts-only", "--checkout", checkout.root)
         assert result.returncode == 4, result.stdout + result.stderr
         assert "DRIFTED" in result.stdout and "patch failed" in result.stdout
+
+    def test_a_checkout_is_judged_at_head_not_its_working_tree(self, cli, git, checkout):
+        """gate measures HEAD: upstream holds the fix there, whatever the working tree holds (here, the fix undone)."""
+        assert cli("apply", "--no-verify", checkout.root).returncode == 0
+        git(checkout.root, "commit", "--quiet", "-am", "upstream merged the fix")
+        git(checkout.root, "revert", "--no-commit", "HEAD")
+        result = cli("gate", "--checkouts-only", "--checkout", checkout.root)
+        assert result.returncode == 3, result.stdout + result.stderr
+        assert "upstream has the fix: retire the patch" in result.stdout
+
+    def test_a_bad_interpreter_is_refused_before_any_download(self, cli, refused):
+        refused(cli("gate", "--release", "9.9.9", "--python", "no-such-python"), 2, "--python no-such-python")

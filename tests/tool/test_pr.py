@@ -15,7 +15,7 @@ import pytest
 
 from mtp_mask_fix import pr
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import REPO, WORK
+from mtp_mask_fix.paths import PATCHES, REPO, WORK
 
 from .conftest import FIXED, UPSTREAM_TEST
 
@@ -89,6 +89,16 @@ class TestRefusals:
     @pytest.mark.parametrize("given", [None, "", "linmuchuiyang", "Jane Doe jane@example.com", "<jane@example.com>"])
     def test_the_credit_is_required_as_name_and_email(self, run_pr, measured, refused, given):
         refused(run_pr(*(["--co-author", given] if given is not None else [])), 2, '--co-author "Name <email>"')
+
+    def test_a_results_file_that_is_not_an_object(self, run_pr, own_patch, refused):
+        pr.results_file(own_patch).parent.mkdir(parents=True, exist_ok=True)
+        pr.results_file(own_patch).write_text("[]")
+        refused(run_pr("--co-author", AUTHOR), 5, "holds no complete red/green of this patch")
+
+    def test_a_patch_without_upstream_tests_is_refused(self, cli, refused):
+        """The backport changes no upstream test file: nothing to suggest, refused before any result is read."""
+        backport = next(PATCHES.glob("*/*.patch"))
+        refused(cli("--patch", backport, "pr", "--co-author", AUTHOR), 2, "one upstream test file")
 
 
 class TestReview:
