@@ -72,3 +72,24 @@ def test_composite_action_matches_the_schema():
         text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_action_keeps_the_callers_import_path(tmp_path):
+    """The action puts the tool and unidiff first on the training interpreter's path; the caller's own entries, which
+    decide the Megatron-Bridge that interpreter imports, stay after them. The interpreter here records what it got."""
+    import yaml
+
+    (step,) = yaml.safe_load((REPO / "action.yml").read_text())["runs"]["steps"]
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\n[ "$2" = pip ] || echo "$PYTHONPATH" >{tmp_path}/seen\n')
+    python.chmod(0o755)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHON": str(python),
+        "TARGET": "",
+        "TOOL": str(REPO),
+        "RUNNER_TEMP": str(tmp_path),
+    }
+    done = subprocess.run(["bash", "-eo", "pipefail", "-c", step["run"]], env=env | {"PYTHONPATH": "/caller/site"})
+    assert done.returncode == 0
+    assert (tmp_path / "seen").read_text().split() == [f"{REPO}:{tmp_path}/mtp-mask-fix-deps:/caller/site"]
