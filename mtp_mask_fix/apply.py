@@ -84,7 +84,9 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
     """New bytes made aside, a journal of the old ones, each file replaced by a rename, then (with `python`) verified
     by behaviour; rolled back unless it holds or on a signal before the end, which exits 128+n saying which."""
     if target.kind == Kind.RELEASE:
-        raise ToolError(f"{target.label} is a downloaded release; apply to a checkout or an installed package")
+        raise ToolError(
+            f"{target.label} is a release on the package index: apply to a checkout or an installed package"
+        )
     root, finished = target.root, ""
     with Guard():  # also when called without the CLI's
         try:
@@ -92,8 +94,9 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
                 said = restore(root)
             recovered = f"{target.label}: restored the files an interrupted apply left ({said})\n" if said else ""
             verdict = check(target, patches)
-            if fixed := already_fixed(verdict):
-                return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed", Exit.OK
+            if fixed := already_fixed(verdict):  # verified all the same: exit 0 means it holds where it trains
+                verified = _verified(target, python, f"already fixed ({fixed}), not verified with {python}")
+                return f"{recovered}{target.label}: already fixed ({fixed}); nothing changed{verified}", Exit.OK
             before, after = _new_bytes(target, verdict.patch)
             digest = {rel: hashlib.sha256(data).hexdigest() for rel, data in after.items()}
             entries = {
@@ -104,13 +107,10 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
             with held():
                 for rel, data in after.items():
                     write_atomic(root / rel, data)
-            delivered, reason = verify(target, python) if python else (True, "")
-            if not delivered:
-                raise ToolError(f"{target.label}: rolled back: {reason}", Exit.FAILED)
+            verified = _verified(target, python, "rolled back")
             with held():
                 (root / JOURNAL).unlink()
                 finished = "the apply had finished: patched" + (" and verified" if python else " (not verified)")
-            verified = f"; verified with {python}: {reason}" if python else ""
             return f"{recovered}{target.label}: applied ({verdict.detail}){verified}", Exit.OK
         except BaseException as exc:
             with held():
@@ -121,12 +121,20 @@ def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[
             raise ToolError(f"{target.label}: interrupted by {exc.name}: {state}", exc.code) from None
 
 
+def _verified(target: Target, python: str | None, failed: str) -> str:
+    """What verify says under `python` ("" without one), or a refusal that begins with `failed`."""
+    delivered, reason = verify(target, python) if python else (True, "")
+    if not delivered:
+        raise ToolError(f"{target.label}: {failed}: {reason}", Exit.FAILED)
+    return f"; verified with {python}: {reason}" if python else ""
+
+
 def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str, bytes]]:
     """The files' bytes as they are and as git apply makes them on copies; refused first where apply could not
     replace a file: read-only by its mode (root writes anything, but that states intent) or by access(2)."""
     src = scope(target, patch)
     files = [path.split("/", target.strip - 1)[-1] for path in patch.paths(src=src)]  # git apply's -p
-    for path in [where for rel in files for where in (target.root / rel, (target.root / rel).parent)]:
+    for path in [target.root, *[where for rel in files for where in (target.root / rel, (target.root / rel).parent)]]:
         if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
             raise ToolError(
                 f"{path} is read-only or not yours to write; make it writable (apply renames files into place)"

@@ -17,7 +17,7 @@ from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import CHECKOUT
 
 
-TARGET = "a Megatron-Bridge git checkout, a source tree (src/megatron/bridge), a site-packages directory"
+TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree) or megatron/bridge (site-packages)"
 RELEASE = "a release version such as 0.6.2, or `latest`"
 
 
@@ -35,15 +35,17 @@ def interpreter(python: str) -> str:
     return os.path.abspath(found)
 
 
-def _target(args, python: str) -> targets.Target:
-    """TARGET as given, or the Megatron-Bridge that `python` imports (the training environment's; not imported)."""
-    if args.target:
-        return targets.resolve(args.target)
-    code = "import importlib.util as u; print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
+def _target(args, python: str, releases: bool = True) -> targets.Target:
+    """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found)."""
+    if args.target is not None:
+        return targets.resolve(args.target, releases=releases)
+    code = "import sys, importlib.util as u; sys.path[:1] = [p for p in sys.path[:1] if p]; "  # not the cwd's
+    code += "print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
     found = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    if found.returncode != 0:
+    where = Path(found.stdout.strip())
+    if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
         raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
-    return targets.resolve(str(Path(found.stdout.strip()).parents[1]))
+    return targets.resolve(str(where.parent.parent))
 
 
 def cmd_check(args) -> tuple[str, Exit]:
@@ -54,7 +56,7 @@ def cmd_check(args) -> tuple[str, Exit]:
 def cmd_apply(args) -> tuple[str, Exit]:
     try:
         python = interpreter(args.python)
-        target, patches = _target(args, python), check.candidates(args.patch)
+        target, patches = _target(args, python, releases=False), check.candidates(args.patch)
     except apply.Interrupted as signalled:
         raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
     return apply.apply(target, patches, python=None if args.no_verify else python)
@@ -81,13 +83,13 @@ def cmd_gate(args) -> tuple[str, Exit]:
             "gate runs this repo's tests/unit_tests on a release: `./run gate` in a clone of this repo; installed, "
             "it gates upstream checkouts with their own tests (--checkout DIR --checkouts-only)"
         )
+    python = interpreter(args.python)
+    checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
     if importlib.util.find_spec("pytest") is None:
         raise ToolError(f"gate runs pytest, which {sys.executable} cannot import: pip install pytest")
     from mtp_mask_fix import gate
 
-    python = interpreter(args.python)
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
-    checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
     releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
     return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), python)
 

@@ -46,10 +46,18 @@ def pins() -> dict[str, str]:
     return dict(line.split("==") for line in lines if line and not line.startswith("#"))
 
 
-def resolve(spec: str) -> Target:
-    """TARGET as the user wrote it: a directory, a version, `latest`."""
-    path, what = Path(spec).expanduser(), "(a TARGET is a directory, a version or `latest`)"
+def resolve(spec: str, *, releases: bool = True) -> Target:
+    """TARGET as the user wrote it: a directory, or (`releases`) a version or `latest`."""
+    what = "(a TARGET is a directory, a version or `latest`)"
+    try:
+        path = Path(spec).expanduser() if spec.strip() else None
+    except RuntimeError as exc:  # ~user of no known user
+        raise ToolError(f"{spec}: {exc}") from None
+    if path is None:
+        raise ToolError(f"an empty TARGET {what}")
     if not path.exists() and (spec == "latest" or re.match(r"^\d+(\.\d+)+\S*$", spec)):
+        if not releases:
+            raise ToolError(f"{spec} is a release on the package index: apply to a checkout or an installed package")
         return release(spec)
     if not path.is_dir():
         raise ToolError(f"{spec}: {'not a directory' if path.exists() else 'no such file or directory'} {what}")
@@ -62,6 +70,8 @@ def resolve(spec: str) -> Target:
         raise ToolError(f"{spec}: not a Megatron-Bridge tree (neither src/{PACKAGE} nor {PACKAGE} is inside)")
     if not target.fixed_file.is_file():
         raise ToolError(f"{spec}: Megatron-Bridge without {GPT_STEP}; too old or too new")
+    if target.fixed_file.is_symlink():  # apply's rename would replace the link, not what it points at
+        raise ToolError(f"{spec}: its {GPT_STEP} is a symlink; name the tree that holds {target.fixed_file.resolve()}")
     return target
 
 

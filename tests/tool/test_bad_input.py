@@ -82,8 +82,39 @@ class TestBadTarget:
 
     def test_apply_to_a_pypi_release(self, cli, refused, snapshot, release):
         before = snapshot(release.root)
-        refused(cli("apply", "--no-verify", PINNED), 2, "is a downloaded release")
+        refused(cli("apply", "--no-verify", PINNED), 2, "is a release on the package index")
         assert snapshot(release.root) == before
+
+    def test_apply_to_a_release_is_refused_before_any_download(self, cli, refused, tool_env):
+        offline = tool_env | {"PIP_INDEX_URL": "file:///nonexistent", "PIP_NO_INDEX": "1"}  # a download would fail
+        refused(cli("apply", "--no-verify", "latest", env=offline), 2, "latest is a release on the package index")
+
+    def test_an_empty_target_is_not_the_default(self, cli, refused, snapshot, tmp_path):
+        before = snapshot(tmp_path)
+        refused(cli("apply", "--no-verify", ""), 2, "an empty TARGET")
+        assert snapshot(tmp_path) == before
+
+    def test_a_home_that_cannot_be_found(self, cli, refused):
+        refused(cli("check", "~no-such-user-here/site-packages"), 2, "~no-such-user-here")
+
+    @pytest.mark.parametrize("prints", ["", "/"], ids=["nothing", "the-root"])
+    def test_an_interpreter_that_names_no_megatron_bridge(self, cli, refused, tmp_path, prints):
+        python = tmp_path / "python"
+        python.write_text(f"#!/bin/sh\necho '{prints}'\n")
+        python.chmod(0o755)
+        for command in ("check", "status"):
+            refused(cli(command, "--python", python), 2, f"{python}")
+
+    def test_a_symlinked_gpt_step(self, cli, refused, snapshot, tmp_path, site_packages):
+        """apply replaces the file by a rename, which would replace the link, not what it points at: refused."""
+        real = tmp_path / "gpt_step.py"
+        real.write_bytes(site_packages.gpt_step.read_bytes())
+        site_packages.gpt_step.unlink()
+        site_packages.gpt_step.symlink_to(real)
+        before = snapshot(site_packages.root, real)
+        for command in (["check"], ["apply", "--no-verify"]):
+            refused(cli(*command, site_packages.root), 2, "is a symlink")
+        assert snapshot(site_packages.root, real) == before
 
     def test_branch_on_a_tree_without_git(self, branch, refused, snapshot, source_tree):
         before = snapshot(source_tree.root)
@@ -282,6 +313,16 @@ class TestNotWritable:
             assert snapshot(site_packages.root) == before
         finally:
             folder.chmod(0o755)
+
+    def test_read_only_target_folder(self, cli, refused, snapshot, site_packages):
+        """The journal is written in TARGET itself: a read-only TARGET folder is refused before any work."""
+        site_packages.root.chmod(0o555)
+        try:
+            before = snapshot(site_packages.root)
+            refused(cli("apply", "--no-verify", site_packages.root), 2, "read-only")
+            assert snapshot(site_packages.root) == before
+        finally:
+            site_packages.root.chmod(0o755)
 
     def test_verify_with_an_interpreter_that_prints_no_result(self, cli, refused, tmp_path, site_packages):
         python = tmp_path / "python-that-echoes"

@@ -221,6 +221,17 @@ class TestApplyGitCheckout:
         assert result.stdout == f"{checkout.root}: already fixed ({PATCH_FILE}); nothing changed\n"
         assert snapshot(checkout.root) == before
 
+    def test_again_when_already_fixed_still_verifies(self, cli, refused, snapshot, tmp_path, probe_ok, checkout):
+        """`apply || exit 1` at start-up: exit 0 means verified, also when there was nothing to write."""
+        assert cli("apply", "--no-verify", checkout.root).returncode == 0
+        before = snapshot(checkout.root)
+        python = fake_python(tmp_path, "python-without-torch", "echo 'No module named torch' >&2; exit 1")
+        refused(cli("apply", "--python", python, checkout.root), 5, "already fixed", f"not verified with {python}")
+        result = cli("apply", "--python", probe_ok(checkout.root / "src"), checkout.root)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"{checkout.root}: already fixed ({PATCH_FILE}); nothing changed; verified")
+        assert snapshot(checkout.root) == before
+
     def test_refuses_when_drifted(self, cli, edit, refused, snapshot, checkout):
         edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT)  # committed: upstream moved on
         before = snapshot(checkout.root)
@@ -671,6 +682,11 @@ class TestInstalledTool:
             ).stdout.strip()
         )
         assert verdict(run("check"), 0).startswith(f"{site}: the patch applies (source hunks only, {PATCH_FILE})")
+        shadow = tmp_path / "megatron" / "bridge" / "training"  # where the command is run is not what trains
+        shadow.mkdir(parents=True)
+        (shadow.parent / "__init__.py").write_text("")
+        (shadow / "gpt_step.py").write_bytes((site / "megatron/bridge/training/gpt_step.py").read_bytes())
+        assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
         status = run("status")  # on what this interpreter imports, as check
         assert status.returncode == 0 and status.stdout.splitlines()[-1].startswith(f"  on {site}: the patch applies")
         before = snapshot(site / "megatron")
@@ -692,7 +708,7 @@ class TestInstalledTool:
         refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
         assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
 
-    def test_gate_and_pr_say_what_they_need(self, installed_tool, tmp_path, refused):
+    def test_gate_and_pr_say_what_they_need(self, installed_tool, tmp_path, refused, checkout):
         """gate runs this repo's tests on a release (a clone has them) and pytest on a checkout; pr names gate as an
         installed tool spells it."""
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HOME": str(tmp_path)}
@@ -703,7 +719,8 @@ class TestInstalledTool:
 
         refused(run("gate"), 2, "a clone of this repo", "./run gate", "--checkouts-only")
         refused(run("gate", "--release", "0.6.0"), 2, "a clone of this repo")
-        refused(run("gate", "--checkouts-only", "--checkout", str(tmp_path)), 2, "pytest", "pip install pytest")
+        refused(run("gate", "--checkouts-only", "--checkout", str(tmp_path)), 2, "not a Megatron-Bridge tree")
+        refused(run("gate", "--checkouts-only", "--checkout", str(checkout.root)), 2, "pytest", "pip install pytest")
         refused(run("pr", "--co-author", "A <a@b.c>"), 5, "run `mtp-mask-fix gate --checkout")
         assert not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
 
