@@ -14,7 +14,7 @@ from mtp_mask_fix.check import JOURNAL, already_fixed, check, journal, left, sco
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.targets import Kind, Target
+from mtp_mask_fix.targets import Target
 
 
 SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
@@ -83,10 +83,6 @@ def restore(root: Path) -> str:
 def apply(target: Target, patches: list[Patch], *, python: str | None) -> tuple[str, Exit]:
     """New bytes made aside, a journal of the old ones, each file replaced by a rename, then (with `python`) verified
     by behaviour; rolled back unless it holds or on a signal before the end, which exits 128+n saying which."""
-    if target.kind == Kind.RELEASE:
-        raise ToolError(
-            f"{target.label} is a release on the package index: apply to a checkout or an installed package"
-        )
     root, finished = target.root, ""
     with Guard():  # also when called without the CLI's
         try:
@@ -137,7 +133,8 @@ def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str
     for path in [target.root, *[where for rel in files for where in (target.root / rel, (target.root / rel).parent)]]:
         if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
             raise ToolError(
-                f"{path} is read-only or not yours to write; make it writable (apply renames files into place)"
+                f"{path} is read-only or not yours to write; make it writable (apply writes a journal in TARGET and "
+                "renames each file into place)"
             )
     before = {rel: (target.root / rel).read_bytes() for rel in files}
     with tempfile.TemporaryDirectory() as tmp:

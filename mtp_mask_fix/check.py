@@ -27,6 +27,7 @@ class State(Enum):
     """Where a target stands, its message and exit code; when the patches disagree, the first state here wins."""
 
     INTERRUPTED = ("an interrupted apply left {detail}; `apply` restores the files and starts again", Exit.FAILED)
+    LINKED = ("{detail} is a symlink: apply would replace the link; name the tree that holds the file", Exit.USAGE)
     APPLIES = ("the patch applies ({detail}); the bug is present", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
     LOCAL_CHANGES = ("uncommitted local changes in the patch's region ({detail}); commit or stash them", Exit.USAGE)
@@ -106,8 +107,8 @@ def journal(root: Path) -> dict[str, tuple[bytes, str]] | None:
         entries = {rel: (base64.b64decode(entry["before"]), entry["after"]) for rel, entry in files.items()}
     except (ValueError, KeyError, TypeError, AttributeError):
         return {}
-    inside = all(not Path(rel).is_absolute() and ".." not in Path(rel).parts for rel in entries)
-    return entries if inside else {}  # never a file outside root
+    inside = all((root / rel).resolve().parent.is_relative_to(root.resolve()) for rel in entries)
+    return entries if inside else {}  # never a file outside root, nor root itself
 
 
 def left(root: Path) -> str | None:
@@ -135,6 +136,10 @@ def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch) -> Verdict:
     src = scope(target, patch)
     diff = patch.part(src=src)
+    if linked := [
+        rel for rel in patch.paths(src=src) if (target.root / rel.split("/", target.strip - 1)[-1]).is_symlink()
+    ]:
+        return Verdict(target, State.LINKED, linked[0], patch)
     if not (error := apply_diff(diff, target.root, strip=target.strip, check=True)):
         said = "source and tests" if src is None else "source hunks only"
         return Verdict(target, State.APPLIES, f"{said}, {name(patch)}", patch)

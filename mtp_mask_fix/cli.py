@@ -4,7 +4,6 @@ Each cmd_* returns what it prints and its exit code; gate and pr import their mo
 neither)."""
 
 import argparse
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -39,10 +38,10 @@ def _target(args, python: str, releases: bool = True) -> targets.Target:
     """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found)."""
     if args.target is not None:
         return targets.resolve(args.target, releases=releases)
-    code = "import sys, importlib.util as u; sys.path[:1] = [p for p in sys.path[:1] if p]; "  # not the cwd's
-    code += "print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
+    code = "import os, sys, importlib.util as u; sys.path = [p for p in sys.path if p not in ('', os.getcwd())]; "
+    code += "print(u.find_spec('megatron.bridge').submodule_search_locations[0])"  # not the cwd's: not what trains
     found = subprocess.run([python, "-c", code], capture_output=True, text=True)
-    where = Path(found.stdout.strip())
+    where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
         raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
     return targets.resolve(str(where.parent.parent))
@@ -85,8 +84,9 @@ def cmd_gate(args) -> tuple[str, Exit]:
         )
     python = interpreter(args.python)
     checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
-    if importlib.util.find_spec("pytest") is None:
-        raise ToolError(f"gate runs pytest, which {sys.executable} cannot import: pip install pytest")
+    for where in dict.fromkeys([sys.executable, python]):  # this process imports it too
+        if subprocess.run([where, "-c", "import pytest"], capture_output=True).returncode != 0:
+            raise ToolError(f"gate runs pytest, which {where} cannot import: pip install pytest")
     from mtp_mask_fix import gate
 
     versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]

@@ -12,7 +12,7 @@ class Exit(IntEnum):
         member._value_, member.meaning = code, meaning
         return member
 
-    OK = 0, "done; `check`, `status`: the patch applies (the bug is present); `apply`: applied, or already fixed"
+    OK = 0, "done; `check`, `status`: the patch applies (bug present); `apply`: fixed, verified unless --no-verify"
     USAGE = (
         2,
         (

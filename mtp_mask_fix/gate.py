@@ -3,6 +3,7 @@ non-zero unless the patch holds. A release runs this repo's tests/unit_tests; an
 upstream's test files that the patch changes (its base tree gets the patch's test part, its patched tree all)."""
 
 import ast
+import hashlib
 import json
 import shutil
 import subprocess
@@ -70,7 +71,8 @@ def release_row(target: Target, patch: Patch) -> Row:
 
 def at(target: Target, rev: str = "HEAD") -> Target:
     """A checkout at `rev` as a tree of its own (src, tests, the configs they read): gate never reads a work tree."""
-    work = WORK / "gate" / f"checkout-{target.root.name}"
+    key = hashlib.sha1(str(target.root).encode()).hexdigest()[:8]  # two checkouts may share a folder name
+    work = WORK / "gate" / f"checkout-{target.root.name}-{key}"
     shutil.rmtree(work / "upstream", ignore_errors=True)
     (work / "upstream").mkdir(parents=True)
     present = set(git("ls-tree", "--name-only", rev, cwd=target.root).stdout.split())

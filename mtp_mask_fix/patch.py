@@ -77,8 +77,12 @@ class Patch:
         ]:
             if failed:
                 raise ToolError(f"patch {path} is corrupted: {why}")
-        if files.added_files or files.removed_files or not any(f.path.startswith("src/") for f in files):
-            raise ToolError(f"patch {path}: the tool carries changes to existing files, at least one under src/")
+        made = [f.path for f in [*files.added_files, *files.removed_files]]
+        if made or not any(f.path.startswith("src/") for f in files):
+            why = f"it creates or deletes {made[0]}" if made else "it changes nothing under src/"
+            raise ToolError(
+                f"patch {path}: {why}; the tool carries changes to existing files, one at least under src/"
+            )
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
         base = re.search(r"^base-commit: ([0-9a-f]{40})$", after, re.M)

@@ -70,8 +70,6 @@ def resolve(spec: str, *, releases: bool = True) -> Target:
         raise ToolError(f"{spec}: not a Megatron-Bridge tree (neither src/{PACKAGE} nor {PACKAGE} is inside)")
     if not target.fixed_file.is_file():
         raise ToolError(f"{spec}: Megatron-Bridge without {GPT_STEP}; too old or too new")
-    if target.fixed_file.is_symlink():  # apply's rename would replace the link, not what it points at
-        raise ToolError(f"{spec}: its {GPT_STEP} is a symlink; name the tree that holds {target.fixed_file.resolve()}")
     return target
 
 
@@ -79,14 +77,15 @@ def checkout(path: Path | str) -> Target:
     """A Megatron-Bridge git checkout (its top), or a ToolError."""
     target = resolve(str(path))
     if target.kind != Kind.CHECKOUT:
-        raise ToolError(f"{path}: not the top of a Megatron-Bridge git checkout")
+        raise ToolError(f"{path}: not the top of a Megatron-Bridge git checkout with a commit")
     return target
 
 
 def is_git_top(root: Path) -> bool:
-    """Whether root is the top of a git work tree (not just somewhere inside one)."""
-    top = git("rev-parse", "--show-toplevel", cwd=root, check=False) if (root / ".git").exists() else None
-    return bool(top) and top.returncode == 0 and Path(top.stdout.strip()).resolve() == root
+    """Whether root is the top of a git work tree (not just somewhere inside one) with a commit at HEAD."""
+    found = ["rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD^{commit}"]
+    top = git(*found, cwd=root, check=False) if (root / ".git").exists() else None
+    return bool(top) and top.returncode == 0 and Path(top.stdout.splitlines()[0]).resolve() == root
 
 
 def release(version: str) -> Target:

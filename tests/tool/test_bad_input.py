@@ -106,14 +106,21 @@ class TestBadTarget:
             refused(cli(command, "--python", python), 2, f"{python}")
 
     def test_a_symlinked_gpt_step(self, cli, refused, snapshot, tmp_path, site_packages):
-        """apply replaces the file by a rename, which would replace the link, not what it points at: refused."""
+        """apply replaces the file by a rename, which would replace the link, not what it points at: refused, and
+        check says why (git apply calls a link the wrong type); verify, which only runs the code, is not refused."""
         real = tmp_path / "gpt_step.py"
         real.write_bytes(site_packages.gpt_step.read_bytes())
         site_packages.gpt_step.unlink()
         site_packages.gpt_step.symlink_to(real)
         before = snapshot(site_packages.root, real)
-        for command in (["check"], ["apply", "--no-verify"]):
-            refused(cli(*command, site_packages.root), 2, "is a symlink")
+        checked = cli("check", site_packages.root)  # a verdict, on stdout
+        assert (checked.returncode, checked.stderr) == (2, "") and "gpt_step.py is a symlink" in checked.stdout
+        refused(cli("apply", "--no-verify", site_packages.root), 2, "gpt_step.py is a symlink")
+        found = {"file": str(site_packages.gpt_step), "delivered": True, "reason": "a fake probe"}
+        python = tmp_path / "python"
+        python.write_text(f"#!/bin/sh\necho '{json.dumps(found)}'\n")
+        python.chmod(0o755)
+        assert cli("verify", "--python", python, site_packages.root).returncode == 0
         assert snapshot(site_packages.root, real) == before
 
     def test_branch_on_a_tree_without_git(self, branch, refused, snapshot, source_tree):
@@ -313,6 +320,22 @@ class TestNotWritable:
             assert snapshot(site_packages.root) == before
         finally:
             folder.chmod(0o755)
+
+    def test_a_git_checkout_without_a_commit(self, cli, refused, snapshot, git, source_tree):
+        """Nothing to gate at HEAD; check reads it as a plain tree."""
+        git(source_tree.root, "init", "--quiet")
+        before = snapshot(source_tree.root)
+        refused(cli("gate", "--checkouts-only", "--checkout", source_tree.root), 2, "with a commit")
+        assert cli("check", source_tree.root).returncode == 0
+        assert snapshot(source_tree.root) == before
+
+    @pytest.mark.parametrize("entry", ["", ".", "megatron/../../outside.txt"])
+    def test_a_journal_entry_that_is_not_a_file_inside_target(self, cli, site_packages, entry):
+        journal = {"files": {entry: {"before": "aGkK", "after": "0" * 64}}}
+        (site_packages.root / ".mtp-mask-fix-journal.json").write_text(json.dumps(journal))
+        result = cli("apply", "--no-verify", site_packages.root)
+        assert result.returncode == 0, result.stderr
+        assert not (site_packages.root.parent / "outside.txt").exists()
 
     def test_read_only_target_folder(self, cli, refused, snapshot, site_packages):
         """The journal is written in TARGET itself: a read-only TARGET folder is refused before any work."""

@@ -687,6 +687,9 @@ class TestInstalledTool:
         (shadow.parent / "__init__.py").write_text("")
         (shadow / "gpt_step.py").write_bytes((site / "megatron/bridge/training/gpt_step.py").read_bytes())
         assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
+        env["PYTHONPATH"] = ":/nowhere"  # an empty entry (`ENV PYTHONPATH=$PYTHONPATH:/x`): Python reads the cwd
+        assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
+        del env["PYTHONPATH"]
         status = run("status")  # on what this interpreter imports, as check
         assert status.returncode == 0 and status.stdout.splitlines()[-1].startswith(f"  on {site}: the patch applies")
         before = snapshot(site / "megatron")

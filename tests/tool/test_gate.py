@@ -1,5 +1,10 @@
 """gate: the verdict per target, and an exit code a CI job can act on."""
 
+from mtp_mask_fix import gate, targets
+from mtp_mask_fix.paths import WORK
+
+from .conftest import FIXED
+
 
 class TestGate:
     def test_a_release_other_than_the_pin(self, cli):
@@ -34,6 +39,24 @@ class TestGate:
         result = cli("gate", "--checkouts-only", "--checkout", checkout.root)
         assert result.returncode == 3, result.stdout + result.stderr
         assert "upstream has the fix: retire the patch" in result.stdout
+
+    def test_an_interpreter_without_pytest_is_refused_first(self, cli, refused, tmp_path, checkout):
+        python = tmp_path / "python-without-pytest"
+        python.write_text("#!/bin/sh\nexit 1\n")
+        python.chmod(0o755)
+        line = refused(cli("gate", "--checkouts-only", "--checkout", checkout.root, "--python", python), 2, "pytest")
+        assert str(python) in line
+        assert not (WORK / "gate" / "by-patch").exists() or "pytest sessions" not in line
+
+    def test_two_checkouts_of_the_same_name_get_trees_of_their_own(self, git, checkout, tmp_path):
+        """gate builds every tree before it runs a session: a checkout's tree is never another's."""
+        other = tmp_path / "elsewhere" / checkout.root.name
+        git(tmp_path, "clone", "--quiet", str(checkout.root), str(other))
+        (other / FIXED).write_text("# another upstream\n")
+        git(other, "commit", "--quiet", "-am", "elsewhere")
+        trees = [gate.at(targets.checkout(root)).root for root in (checkout.root, other)]
+        assert (trees[0] / FIXED).read_text() == checkout.gpt_step.read_text()
+        assert (trees[1] / FIXED).read_text() == "# another upstream\n"
 
     def test_a_bad_interpreter_is_refused_before_any_download(self, cli, refused):
         refused(cli("gate", "--release", "9.9.9", "--python", "no-such-python"), 2, "--python no-such-python")
