@@ -122,7 +122,7 @@ def left(root: Path) -> str | None:
         patched = now is not None and hashlib.sha256(now).hexdigest() == after
         state = "as before" if now == before else "patched, not verified" if patched else "changed since"
         said.append(f"{rel} {state}")
-    return ", ".join(said) or "no file replaced"
+    return ", ".join(said) or "naming no file it can restore: unreadable, or not the tool's"
 
 
 def check(target: Target, patches: Patch | list[Patch]) -> Verdict:

@@ -333,6 +333,7 @@ class TestNotWritable:
     def test_a_journal_entry_that_is_not_a_file_inside_target(self, cli, site_packages, entry):
         journal = {"files": {entry: {"before": "aGkK", "after": "0" * 64}}}
         (site_packages.root / ".mtp-mask-fix-journal.json").write_text(json.dumps(journal))
+        assert "naming no file it can restore" in cli("check", site_packages.root).stdout
         result = cli("apply", "--no-verify", site_packages.root)
         assert result.returncode == 0, result.stderr
         assert not (site_packages.root.parent / "outside.txt").exists()
