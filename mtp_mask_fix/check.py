@@ -136,10 +136,8 @@ def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch) -> Verdict:
     src = scope(target, patch)
     diff = patch.part(src=src)
-    if linked := [
-        rel for rel in patch.paths(src=src) if (target.root / rel.split("/", target.strip - 1)[-1]).is_symlink()
-    ]:
-        return Verdict(target, State.LINKED, linked[0], patch)
+    if linked := [path for path in patch.paths(src=src) if (target.root / target.rel(path)).is_symlink()]:
+        return Verdict(target, State.LINKED, target.rel(linked[0]), patch)
     if not (error := apply_diff(diff, target.root, strip=target.strip, check=True)):
         said = "source and tests" if src is None else "source hunks only"
         return Verdict(target, State.APPLIES, f"{said}, {name(patch)}", patch)

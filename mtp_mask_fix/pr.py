@@ -24,9 +24,8 @@ TEMPLATES_USED = ("review_6105", "review_fix", "review_assert", "review_tests", 
 UPSTREAM = "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
 FALCON_H1 = "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py"
 CO_AUTHOR = re.compile(r"[^<>@\n]*\S <[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+>")
-GATE = (
-    "./run" if CHECKOUT else "mtp-mask-fix"
-) + " gate --checkout <a Megatron-Bridge clone holding {base}> --checkouts-only --python <its interpreter>"
+RUN = "./run" if CHECKOUT else "mtp-mask-fix"  # as this tool is run: from a clone, or installed
+GATE = f"{RUN} gate --checkout <a Megatron-Bridge clone holding {{base}}> --checkouts-only --python <its interpreter>"
 RULE = "-" * 100
 # What gate records per upstream commit where the patch held: red = the tests the patch adds or changes that fail by
 # assertion there, of all FAIL_TO_PASS; green = tests passing patched, of all run; falcon_h1_forward = [first, last]
