@@ -100,6 +100,8 @@ def fix_present(source: str) -> bool:
 def journal(root: Path) -> dict[str, tuple[bytes, str]] | None:
     """The journal a killed apply left: each file's bytes before, and the sha256 of what replaced them; None when
     there is none, {} when it cannot be read (it is written by a rename: only damage from outside tears it)."""
+    if (root / JOURNAL).exists() and not (root / JOURNAL).is_file():
+        raise ToolError(f"{root / JOURNAL} is not a file: apply keeps its journal there; remove it")
     if not (root / JOURNAL).is_file():
         return None
     try:

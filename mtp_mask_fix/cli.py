@@ -114,12 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_table(markdown=False),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
+    patch = "the patch to use (default: the first in patches/series)"
+    parser.add_argument("--patch", type=Path, help=patch)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(func, help, target=None, python=None):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
         p.set_defaults(func=func)
+        p.add_argument("--patch", type=Path, default=argparse.SUPPRESS, help=patch)  # before the command or after it
         if target:
             p.add_argument("target", nargs="?", help=f"{TARGET}, or {target}")
         if python:

@@ -264,6 +264,11 @@ class TestBadPatch:
             refused(cli("--patch", creates, *command, root), 2, "changes to existing files")
         assert unchanged()
 
+    def test_patch_after_the_command(self, cli, refused, tmp_path, guarded):
+        root, unchanged = guarded
+        refused(cli("apply", "--patch", tmp_path / "nope.patch", "--no-verify", root), 2, "cannot read patch")
+        assert unchanged()
+
     def test_missing_patch_file(self, cli, refused, tmp_path, guarded):
         root, unchanged = guarded
         refused(cli("--patch", tmp_path / "nope.patch", "check", root), 2, "cannot read patch")
@@ -337,6 +342,13 @@ class TestNotWritable:
         result = cli("apply", "--no-verify", site_packages.root)
         assert result.returncode == 0, result.stderr
         assert not (site_packages.root.parent / "outside.txt").exists()
+
+    def test_a_journal_that_is_not_a_file(self, cli, refused, snapshot, site_packages):
+        (site_packages.root / ".mtp-mask-fix-journal.json").mkdir()
+        before = snapshot(site_packages.root)
+        for command in (["check"], ["apply", "--no-verify"], ["verify"]):
+            refused(cli(*command, site_packages.root), 2, ".mtp-mask-fix-journal.json is not a file")
+        assert snapshot(site_packages.root) == before
 
     def test_read_only_target_folder(self, cli, refused, snapshot, site_packages):
         """The journal is written in TARGET itself: a read-only TARGET folder is refused before any work."""
