@@ -107,10 +107,15 @@ def journal(root: Path) -> dict[str, tuple[bytes, str]] | None:
     try:
         files = json.loads((root / JOURNAL).read_text())["files"]
         entries = {rel: (base64.b64decode(entry["before"]), entry["after"]) for rel, entry in files.items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
+        inside = all(_file_in(root, rel) for rel in entries)  # never a path outside root, nor a folder
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         return {}
-    inside = all((root / rel).resolve().parent.is_relative_to(root.resolve()) for rel in entries)
-    return entries if inside else {}  # never a file outside root, nor root itself
+    return entries if inside else {}
+
+
+def _file_in(root: Path, rel: str) -> bool:
+    path = root / rel
+    return path.resolve().parent.is_relative_to(root.resolve()) and path.parent.is_dir() and not path.is_dir()
 
 
 def left(root: Path) -> str | None:
@@ -138,8 +143,12 @@ def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch) -> Verdict:
     src = scope(target, patch)
     diff = patch.part(src=src)
-    if linked := [path for path in patch.paths(src=src) if (target.root / target.rel(path)).is_symlink()]:
-        return Verdict(target, State.LINKED, target.rel(linked[0]), patch)
+    within = [Path(target.rel(path)) for path in patch.paths(src=src)]  # each file and the folders above it
+    if linked := [part for rel in within for part in [rel, *rel.parents][:-1] if (target.root / part).is_symlink()]:
+        # git apply writes no link nor beyond one; read through it, the fix may already be there
+        if fix_present(target.fixed_file.read_text(errors="replace")):
+            return Verdict(target, State.EQUIVALENT, patch=patch)
+        return Verdict(target, State.LINKED, str(linked[0]), patch)
     if not (error := apply_diff(diff, target.root, strip=target.strip, check=True)):
         said = "source and tests" if src is None else "source hunks only"
         return Verdict(target, State.APPLIES, f"{said}, {name(patch)}", patch)

@@ -38,8 +38,10 @@ def _target(args, python: str, releases: bool = True) -> targets.Target:
     """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found)."""
     if args.target is not None:
         return targets.resolve(args.target, releases=releases)
-    code = "import os, sys, importlib.util as u; sys.path = [p for p in sys.path if p not in ('', os.getcwd())]; "
-    code += "print(u.find_spec('megatron.bridge').submodule_search_locations[0])"  # not the cwd's: not what trains
+    # Not the cwd's (what trains runs elsewhere), unless PYTHONPATH names it: then it imports it wherever it runs.
+    code = "import os, sys, importlib.util as u; named = os.environ.get('PYTHONPATH', '').split(os.pathsep); "
+    code += "sys.path = [p for p in sys.path if p and (p != os.getcwd() or p in named)]; "
+    code += "print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
     found = subprocess.run([python, "-c", code], capture_output=True, text=True)
     where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
@@ -121,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     def command(func, help, target=None, python=None):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
         p.set_defaults(func=func)
-        p.add_argument("--patch", type=Path, default=argparse.SUPPRESS, help=patch)  # before the command or after it
+        p.add_argument("--patch", dest="patch_after", type=Path, help=patch)  # before the command or after it
         if target:
             p.add_argument("target", nargs="?", help=f"{TARGET}, or {target}")
         if python:
@@ -151,6 +153,10 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     try:
         with apply.Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply rolls back first)
             args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
+            if getattr(args, "patch_after", None):
+                if args.patch not in (None, args.patch_after):
+                    raise ToolError("--patch given twice, before and after the command: give it once")
+                args.patch = args.patch_after
             text, code = args.func(args)
         print(text, end="\n" if text else "")
     except ToolError as exc:

@@ -17,7 +17,7 @@ class Exit(IntEnum):
         2,
         (
             "bad input or environment, refused before any work: missing, unreadable, read-only or not Megatron-Bridge, "
-            "uncommitted changes in a checkout, an unknown release"
+            "uncommitted changes in a checkout, a symlinked file, an unknown release"
         ),
     )
     ALREADY_APPLIED = 3, "`check`, `status`, `gate`: already fixed (this patch or an equivalent): retire the patch"

@@ -123,6 +123,31 @@ class TestBadTarget:
         assert cli("verify", "--python", python, site_packages.root).returncode == 0
         assert snapshot(site_packages.root, real) == before
 
+    def test_a_symlinked_gpt_step_that_is_already_fixed(self, cli, tmp_path, site_packages):
+        """Nothing to write: already fixed, whatever the link (a start-up `apply || exit 1` must pass)."""
+        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+        real = tmp_path / "gpt_step.py"
+        real.write_bytes(site_packages.gpt_step.read_bytes())
+        site_packages.gpt_step.unlink()
+        site_packages.gpt_step.symlink_to(real)
+        checked = cli("check", site_packages.root)
+        assert checked.returncode == 3, checked.stdout + checked.stderr
+        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+
+    def test_a_symlinked_folder_above_gpt_step(self, cli, refused, snapshot, tmp_path, site_packages):
+        """git apply does not write beyond a symbolic link: that is said, not read as drift."""
+        real = tmp_path / "training"
+        site_packages.gpt_step.parent.rename(real)
+        site_packages.gpt_step.parent.symlink_to(real)
+        before = snapshot(site_packages.root, real)
+        checked = cli("check", site_packages.root)
+        assert (checked.returncode, checked.stderr) == (
+            2,
+            "",
+        ) and "megatron/bridge/training is a symlink" in checked.stdout
+        refused(cli("apply", "--no-verify", site_packages.root), 2, "is a symlink")
+        assert snapshot(site_packages.root, real) == before
+
     def test_branch_on_a_tree_without_git(self, branch, refused, snapshot, source_tree):
         before = snapshot(source_tree.root)
         refused(branch(source_tree.root, "fix-6103"), 2, "not the top of a Megatron-Bridge git checkout")
@@ -269,6 +294,12 @@ class TestBadPatch:
         refused(cli("apply", "--patch", tmp_path / "nope.patch", "--no-verify", root), 2, "cannot read patch")
         assert unchanged()
 
+    def test_patch_before_and_after_the_command(self, cli, refused, tmp_path, guarded, patch):
+        root, unchanged = guarded
+        twice = ["--patch", tmp_path / "nope.patch", "apply", "--patch", patch.path, "--no-verify", root]
+        refused(cli(*twice), 2, "--patch given twice")
+        assert unchanged()
+
     def test_missing_patch_file(self, cli, refused, tmp_path, guarded):
         root, unchanged = guarded
         refused(cli("--patch", tmp_path / "nope.patch", "check", root), 2, "cannot read patch")
@@ -334,7 +365,7 @@ class TestNotWritable:
         assert cli("check", source_tree.root).returncode == 0
         assert snapshot(source_tree.root) == before
 
-    @pytest.mark.parametrize("entry", ["", ".", "megatron/../../outside.txt"])
+    @pytest.mark.parametrize("entry", ["", ".", "megatron/../../outside.txt", "megatron", "no-folder/x.py"])
     def test_a_journal_entry_that_is_not_a_file_inside_target(self, cli, site_packages, entry):
         journal = {"files": {entry: {"before": "aGkK", "after": "0" * 64}}}
         (site_packages.root / ".mtp-mask-fix-journal.json").write_text(json.dumps(journal))
@@ -342,6 +373,7 @@ class TestNotWritable:
         result = cli("apply", "--no-verify", site_packages.root)
         assert result.returncode == 0, result.stderr
         assert not (site_packages.root.parent / "outside.txt").exists()
+        assert not list(site_packages.root.glob("**/*.mtp-mask-fix.tmp"))
 
     def test_a_journal_that_is_not_a_file(self, cli, refused, snapshot, site_packages):
         (site_packages.root / ".mtp-mask-fix-journal.json").mkdir()

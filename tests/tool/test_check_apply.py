@@ -689,6 +689,8 @@ class TestInstalledTool:
         assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
         env["PYTHONPATH"] = ":/nowhere"  # an empty entry (`ENV PYTHONPATH=$PYTHONPATH:/x`): Python reads the cwd
         assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
+        env["PYTHONPATH"] = str(tmp_path)  # named: what trains imports it, wherever it runs
+        assert verdict(run("check"), 0).startswith(f"{tmp_path}: the patch applies")
         del env["PYTHONPATH"]
         status = run("status")  # on what this interpreter imports, as check
         assert status.returncode == 0 and status.stdout.splitlines()[-1].startswith(f"  on {site}: the patch applies")
