@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mtp_mask_fix.check import JOURNAL, already_fixed, check, journal, left, scope, verify
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.git import apply_diff, first_error_line
+from mtp_mask_fix.git import apply_diff, first_error_line, stripped
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Target
 
@@ -129,7 +129,7 @@ def _new_bytes(target: Target, patch: Patch) -> tuple[dict[str, bytes], dict[str
     """The files' bytes as they are and as git apply makes them on copies; refused first where apply could not
     replace a file: read-only by its mode (root writes anything, but that states intent) or by access(2)."""
     src = scope(target, patch)
-    files = [target.rel(path) for path in patch.paths(src=src)]
+    files = [stripped(path, target.strip) for path in patch.paths(src=src)]
     for path in [target.root, *[where for rel in files for where in (target.root / rel, (target.root / rel).parent)]]:
         if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
             raise ToolError(

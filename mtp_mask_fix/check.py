@@ -14,7 +14,7 @@ from pathlib import Path
 
 from mtp_mask_fix import probe
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.git import apply_diff, first_error_line, git
+from mtp_mask_fix.git import apply_diff, first_error_line, git, stripped
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import PATCHES, is_gpt_step_of
 from mtp_mask_fix.targets import Kind, Target
@@ -27,7 +27,7 @@ class State(Enum):
     """Where a target stands, its message and exit code; when the patches disagree, the first state here wins."""
 
     INTERRUPTED = ("an interrupted apply left {detail}; `apply` restores the files and starts again", Exit.FAILED)
-    LINKED = ("{detail} is a symlink: apply would replace the link; name the tree that holds the file", Exit.USAGE)
+    LINKED = ("{detail} is a symlink: apply writes no link nor beyond one; name the tree that holds it", Exit.USAGE)
     APPLIES = ("the patch applies ({detail}); the bug is present", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
     LOCAL_CHANGES = ("uncommitted local changes in the patch's region ({detail}); commit or stash them", Exit.USAGE)
@@ -143,9 +143,9 @@ def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch) -> Verdict:
     src = scope(target, patch)
     diff = patch.part(src=src)
-    within = [Path(target.rel(path)) for path in patch.paths(src=src)]  # each file and the folders above it
+    within = [Path(stripped(path, target.strip)) for path in patch.paths(src=src)]  # each file, folders above it
     if linked := [part for rel in within for part in [rel, *rel.parents][:-1] if (target.root / part).is_symlink()]:
-        # git apply writes no link nor beyond one; read through it, the fix may already be there
+        # read through the link: the fix may already be there
         if fix_present(target.fixed_file.read_text(errors="replace")):
             return Verdict(target, State.EQUIVALENT, patch=patch)
         return Verdict(target, State.LINKED, str(linked[0]), patch)

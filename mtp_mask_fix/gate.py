@@ -82,9 +82,9 @@ def at(target: Target, rev: str = "HEAD") -> Target:
     return Target(target.label, work / "upstream", Kind.TREE)
 
 
-def checkout_row(target: Target, patch: Patch, rev: str = "HEAD") -> Row:
-    """Upstream at `rev` with the patch's test part, with all of it, and with each source hunk left out; ruff's notes."""
-    upstream = at(target, rev).root
+def checkout_row(target: Target, patch: Patch, rev: str = "HEAD", upstream: Path | None = None) -> Row:
+    """Upstream at `rev` (`at`'s tree, or `upstream`) with the patch's test part, all of it, each source hunk out."""
+    upstream = upstream or at(target, rev).root
     row = _row(target, patch, upstream, upstream.parent, tuple(patch.test_files()))
     row.touched = touched_tests(patch.test_files(), upstream, row.patched.cwd)
     row.notes = lint(row.patched.cwd, patch.paths())
@@ -168,10 +168,13 @@ def gate(targets: list[Target], patches: list[Patch], python: str = sys.executab
     """Each target's state (on stderr), the sessions of those the patch applies to, the table and the worst exit."""
     start, rows = time.monotonic(), []
     for target in targets:
-        verdict = check(at(target) if target.kind == Kind.CHECKOUT else target, patches)
+        judged = at(target) if target.kind == Kind.CHECKOUT else target  # a checkout at HEAD, never its work tree
+        verdict = check(judged, patches)
         print(f"[gate] {verdict}", file=sys.stderr)
-        if verdict.state == State.APPLIES:
-            rows.append((checkout_row if target.kind == Kind.CHECKOUT else release_row)(target, verdict.patch))
+        if verdict.state == State.APPLIES and judged is target:
+            rows.append(release_row(target, verdict.patch))
+        elif verdict.state == State.APPLIES:
+            rows.append(checkout_row(target, verdict.patch, upstream=judged.root))  # the tree just judged
         else:
             fixed, drifted = verdict.state.code == Exit.ALREADY_APPLIED, verdict.state == State.DRIFTED
             standing = Verdict.RETIRE if fixed else Verdict.DRIFTED if drifted else Verdict.FAIL

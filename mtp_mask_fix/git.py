@@ -30,6 +30,11 @@ def apply_diff(
     return "" if result.returncode == 0 else (result.stderr.strip() or result.stdout.strip() or "git apply failed")
 
 
+def stripped(path: str, strip: int) -> str:
+    """A diff's path (src/megatron/...) as `git apply -p<strip>` names it under the directory it applies in."""
+    return path.split("/", strip - 1)[-1]
+
+
 def first_error_line(git_stderr: str) -> str:
     """git's most telling line, e.g. `error: patch failed: src/.../gpt_step.py:571`."""
     lines = [line for line in git_stderr.splitlines() if line.startswith("error:")]

@@ -25,7 +25,7 @@ UPSTREAM = "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
 FALCON_H1 = "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py"
 CO_AUTHOR = re.compile(r"[^<>@\n]*\S <[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+>")
 RUN = "./run" if CHECKOUT else "mtp-mask-fix"  # as this tool is run: from a clone, or installed
-GATE = f"{RUN} gate --checkout <a Megatron-Bridge clone holding {{base}}> --checkouts-only --python <its interpreter>"
+GATE = f"{RUN} gate --checkout <a Megatron-Bridge clone holding {{}}> --checkouts-only --python <its interpreter>"
 RULE = "-" * 100
 # What gate records per upstream commit where the patch held: red = the tests the patch adds or changes that fail by
 # assertion there, of all FAIL_TO_PASS; green = tests passing patched, of all run; falcon_h1_forward = [first, last]
@@ -54,9 +54,13 @@ def falcon_h1_forward_lines(source: str) -> list[int] | None:
     return [forward[0].lineno, forward[0].body[0].lineno - 1]  # `def forward(` to the line ending in `:`
 
 
+def _gate(patch: Patch) -> str:  # the command that records this patch's results
+    return GATE.format((patch.base_commit or "")[:12] or "the patch's base-commit")
+
+
 def _measured(patch: Patch) -> list[dict]:
     """This patch's gated checkouts; refuses (exit 5, naming the command) when there are none or one is incomplete."""
-    path, run = results_file(patch), GATE.format(base=(patch.base_commit or "")[:12] or "the patch's base-commit")
+    path, run = results_file(patch), _gate(patch)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
@@ -86,17 +90,20 @@ def render(patch: Patch, co_author: str | None) -> str:
             '--co-author "Name <email>" is required: the identity on #6105\'s commits (see its pull/6105.patch); '
             "it is not recorded here and never guessed"
         )
+    (test_file,) = patch.test_files()
     by_base = sorted(rows, key=lambda r: r["commit"] != patch.base_commit)
     falcon = next((r for r in by_base if r.get("falcon_h1_forward")), None)
     if falcon is None:
-        raise ToolError(f"no gated checkout holds FalconH1Model.forward without loss_mask: run `{GATE}`", Exit.FAILED)
+        raise ToolError(
+            f"no gated checkout holds FalconH1Model.forward without loss_mask: run `{_gate(patch)}`", Exit.FAILED
+        )
     first, last = falcon["falcon_h1_forward"]
     values = {
         "fixed_file": FIXED_FILE,
-        "test_file": patch.test_files()[0],
+        "test_file": test_file,
         "falcon_h1": f"{UPSTREAM}/blob/{falcon['commit']}/{FALCON_H1}#L{first}-L{last}",
         "fix": patch.added(FIXED_FILE),
-        "tests": patch.added(patch.test_files()[0]),
+        "tests": patch.added(test_file),
         "subject": patch.subject,
         "co_author": co_author.strip(),
         "effect": _effect(patch),

@@ -39,10 +39,6 @@ class Target:
     def fixed_file(self) -> Path:
         return self.import_root / GPT_STEP
 
-    def rel(self, path: str) -> str:
-        """A path of the patch (src/megatron/...) as it is under root: git apply's -p`strip`."""
-        return path.split("/", self.strip - 1)[-1]
-
 
 def pins() -> dict[str, str]:
     """requirements/megatron.txt: the pinned release every default refers to, and this environment's megatron-core."""

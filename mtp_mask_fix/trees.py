@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.git import apply_diff, first_error_line
+from mtp_mask_fix.git import apply_diff, first_error_line, stripped
 from mtp_mask_fix.patch import Patch
 
 
@@ -13,7 +13,7 @@ def materialise(base: Path, dest: Path, patch: Patch | None = None, *, strip=2, 
     """dest = base (the directory holding megatron/bridge) + `patch.part(**part)` (src, leave_out) applied with git
     apply -p`strip`, + `rewrite` (path: text); returns dest."""
     shutil.rmtree(dest, ignore_errors=True)
-    touched = [Path(path.split("/", strip - 1)[-1]) for path in (patch.paths(src=part.get("src")) if patch else [])]
+    touched = [Path(stripped(path, strip)) for path in (patch.paths(src=part.get("src")) if patch else [])]
     touched += map(Path, rewrite or {})
     _farm(base, dest, Path(), {parent for path in touched for parent in path.parents}, set(touched))
     diff = patch.part(**part) if patch else ""

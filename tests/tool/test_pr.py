@@ -90,6 +90,11 @@ class TestRefusals:
     def test_the_credit_is_required_as_name_and_email(self, run_pr, measured, refused, given):
         refused(run_pr(*(["--co-author", given] if given is not None else [])), 2, '--co-author "Name <email>"')
 
+    def test_no_falcon_h1_permalink_names_the_gate_to_run(self, run_pr, measured, own_patch, refused):
+        measured([MEASURED | {"falcon_h1_forward": None}])
+        line = refused(run_pr("--co-author", AUTHOR), 5, "FalconH1Model.forward", own_patch.base_commit[:12])
+        assert "{" not in line
+
     def test_a_results_file_that_is_not_an_object(self, run_pr, own_patch, refused):
         pr.results_file(own_patch).parent.mkdir(parents=True, exist_ok=True)
         pr.results_file(own_patch).write_text("[]")
