@@ -662,17 +662,25 @@ def installed_tool():
     return venv
 
 
+@pytest.fixture
+def run_installed(installed_tool, tmp_path):
+    """Run the installed `mtp-mask-fix ARGS` from tmp_path, with no PYTHONPATH but `pythonpath` and a HOME of its own
+    (no downloads or caches of ours)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HOME": str(tmp_path)}
+
+    def run(*args, pythonpath=None) -> subprocess.CompletedProcess:
+        more = {"PYTHONPATH": pythonpath} if pythonpath is not None else {}
+        tool = [str(installed_tool / "bin" / "mtp-mask-fix"), *args]
+        return subprocess.run(tool, cwd=tmp_path, env=env | more, capture_output=True, text=True)
+
+    return run
+
+
 class TestInstalledTool:
     """In a training environment: pip-installed (not editable), run from anywhere, no TARGET."""
 
-    def test_apply_with_no_arguments_then_again(self, installed_tool, tmp_path, refused, snapshot):
-        tool, python = installed_tool / "bin" / "mtp-mask-fix", str(installed_tool / "bin" / "python")
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        env["HOME"] = str(tmp_path)  # no downloads or caches of ours
-
-        def run(*args):
-            return subprocess.run([str(tool), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
-
+    def test_apply_with_no_arguments_then_again(self, installed_tool, run_installed, tmp_path, refused, snapshot):
+        python, run = str(installed_tool / "bin" / "python"), run_installed
         site = Path(
             subprocess.run(
                 [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -687,11 +695,10 @@ class TestInstalledTool:
         (shadow.parent / "__init__.py").write_text("")
         (shadow / "gpt_step.py").write_bytes((site / "megatron/bridge/training/gpt_step.py").read_bytes())
         assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
-        env["PYTHONPATH"] = ":/nowhere"  # an empty entry (`ENV PYTHONPATH=$PYTHONPATH:/x`): Python reads the cwd
-        assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
-        env["PYTHONPATH"] = str(tmp_path)  # named: what trains imports it, wherever it runs
-        assert verdict(run("check"), 0).startswith(f"{tmp_path}: the patch applies")
-        del env["PYTHONPATH"]
+        # an empty entry (`ENV PYTHONPATH=$PYTHONPATH:/x`), which Python reads as the cwd
+        assert verdict(run("check", pythonpath=":/nowhere"), 0).startswith(f"{site}: the patch applies")
+        # named: what trains imports it, wherever it runs
+        assert verdict(run("check", pythonpath=str(tmp_path)), 0).startswith(f"{tmp_path}: the patch applies")
         status = run("status")  # on what this interpreter imports, as check
         assert status.returncode == 0 and status.stdout.splitlines()[-1].startswith(f"  on {site}: the patch applies")
         before = snapshot(site / "megatron")
@@ -713,15 +720,10 @@ class TestInstalledTool:
         refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
         assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
 
-    def test_gate_and_pr_say_what_they_need(self, installed_tool, tmp_path, refused, checkout):
+    def test_gate_and_pr_say_what_they_need(self, run_installed, tmp_path, refused, checkout):
         """gate runs this repo's tests on a release (a clone has them) and pytest on a checkout; pr names gate as an
         installed tool spells it."""
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HOME": str(tmp_path)}
-
-        def run(*args):
-            tool = installed_tool / "bin" / "mtp-mask-fix"
-            return subprocess.run([str(tool), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
-
+        run = run_installed
         refused(run("gate"), 2, "a clone of this repo", "./run gate", "--checkouts-only")
         refused(run("gate", "--release", "0.6.0"), 2, "a clone of this repo")
         refused(run("gate", "--checkouts-only", "--checkout", str(tmp_path)), 2, "not a Megatron-Bridge tree")
