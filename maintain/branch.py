@@ -38,7 +38,8 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     with tempfile.TemporaryDirectory() as worktree:  # detached: a killed run leaves no branch behind
         try:
             _git(target, "worktree", "add", "--quiet", "--detach", worktree, "HEAD", cwd=root, code=Exit.FAILED)
-            _git(target, "am", "--quiet", "-s", str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
+            only = ["--include=src/*"] if verdict.src else []  # where upstream's test file moved on: said by check
+            _git(target, "am", "--quiet", "-s", *only, str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
             # --no-verify: a local pre-commit hook must not stop the amend of am's own commit; --reset-author:
             # the submitter authors the upstream commit (the mailbox's From is this repo's placeholder).
             _git(target, "commit", "-q", "--amend", "--no-edit", "--no-verify", "--reset-author", cwd=worktree)
@@ -53,7 +54,8 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     except BaseException:
         git("branch", "--quiet", "-D", branch, cwd=root, check=False)
         raise
-    return f"{target.label}: branch {branch} holds the fix, signed off by you; push it and run `./run pr`"
+    scope = " (source hunks only: upstream's test file has moved on)" if verdict.src else ""
+    return f"{target.label}: branch {branch} holds the fix{scope}, signed off by you; push it and run `./run pr`"
 
 
 def _git(target: Target, *args: str, cwd: Path | str, code: Exit = Exit.USAGE) -> None:

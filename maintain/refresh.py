@@ -10,9 +10,9 @@ import tempfile
 from pathlib import Path
 
 from mtp_mask_fix import cli, targets
-from mtp_mask_fix.apply import write_atomic
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
+from mtp_mask_fix.journal import write_atomic
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE, PATCHES
 from mtp_mask_fix.targets import Target, release

@@ -1,1 +1,3 @@
-"""Carried fix for Megatron-Bridge #6103: check, apply and gate the patch; prepare the PR."""
+"""Carried fix for Megatron-Bridge #6103: check, apply, verify and revert the patch on any Megatron-Bridge."""
+
+__version__ = "0.2.0"

@@ -1,37 +1,32 @@
-"""Reading a target, never writing it: where it stands with respect to the patch and its backports (`check`), what a
-killed apply left (its journal), whether the code it imports delivers the mask (`verify`)."""
+"""Reading a target, never writing it: where it stands with respect to the patch and its backports, and what a killed
+run left there."""
 
 import ast
-import base64
-import hashlib
-import json
-import os
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from mtp_mask_fix import probe
+from mtp_mask_fix import journal
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git, stripped
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import PATCHES, is_gpt_step_of
+from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.targets import Kind, Target
-
-
-JOURNAL = ".mtp-mask-fix-journal.json"  # apply's, until verified or rolled back: each file as it was, what replaced it
 
 
 class State(Enum):
     """Where a target stands, its message and exit code; when the patches disagree, the first state here wins."""
 
-    INTERRUPTED = ("an interrupted apply left {detail}; `apply` restores the files and starts again", Exit.FAILED)
+    INTERRUPTED = ("an interrupted run left {detail}; the next `apply` or `revert` puts it back first", Exit.FAILED)
     LINKED = ("{detail} is a symlink: apply writes no link nor beyond one; name the tree that holds it", Exit.USAGE)
-    APPLIES = ("the patch applies ({detail}); the bug is present", Exit.OK)
+    APPLIES = ("the patch applies ({detail}); the bug is present: `apply` fixes it", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
     LOCAL_CHANGES = ("uncommitted local changes in the patch's region ({detail}); commit or stash them", Exit.USAGE)
-    EQUIVALENT = ("an equivalent fix: gpt_step passes loss_mask to the model; retire the patch", Exit.ALREADY_APPLIED)
+    EQUIVALENT = (
+        "already fixed another way: gpt_step passes loss_mask to the model; nothing to apply",
+        Exit.ALREADY_APPLIED,
+    )
     DRIFTED = ("drifted: {detail}", Exit.DRIFTED)
 
     @property
@@ -41,15 +36,22 @@ class State(Enum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """A target's state, the patch it was judged with, and the detail its message names (scope, or git's reason)."""
+    """A target's state, the patch it was judged with, the part of it that fits (Patch.part's `src`), and the detail
+    its message names."""
 
     target: Target
     state: State
     detail: str = ""
     patch: Patch | None = None
+    src: bool | None = True
 
     def __str__(self) -> str:
         return f"{self.target.label}: " + self.state.value[0].format(detail=self.detail)
+
+    @property
+    def files(self) -> list[str]:
+        """The files the fitting part changes, as they lie under the target's root."""
+        return [stripped(path, self.target.strip) for path in self.patch.paths(src=self.src)]
 
 
 def candidates(explicit: Path | None = None) -> list[Patch]:
@@ -66,12 +68,6 @@ def name(patch: Patch) -> str:
         return str(patch.path.resolve().relative_to(PATCHES.resolve().parent))
     except ValueError:
         return str(patch.path)
-
-
-def scope(target: Target, patch: Patch) -> bool | None:
-    """Patch.part's `src`: all files (None) where upstream's test files are present (never in a package), else True."""
-    tests = patch.test_files()
-    return None if target.strip == 1 and tests and all((target.root / t).is_file() for t in tests) else True
 
 
 def fix_present(source: str) -> bool:
@@ -97,98 +93,63 @@ def fix_present(source: str) -> bool:
     return False
 
 
-def journal(root: Path) -> dict[str, tuple[bytes, str]] | None:
-    """The journal a killed apply left: each file's bytes before, and the sha256 of what replaced them; None when
-    there is none, {} when it cannot be read (it is written by a rename: only damage from outside tears it)."""
-    if (root / JOURNAL).exists() and not (root / JOURNAL).is_file():
-        raise ToolError(f"{root / JOURNAL} is not a file: apply keeps its journal there; remove it")
-    if not (root / JOURNAL).is_file():
-        return None
-    try:
-        files = json.loads((root / JOURNAL).read_text())["files"]
-        entries = {rel: (base64.b64decode(entry["before"]), entry["after"]) for rel, entry in files.items()}
-        inside = all(_file_in(root, rel) for rel in entries)  # never a path outside root, nor a folder
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
-        return {}
-    return entries if inside else {}
-
-
-def _file_in(root: Path, rel: str) -> bool:
-    path = root / rel
-    return path.resolve().parent.is_relative_to(root.resolve()) and path.parent.is_dir() and not path.is_dir()
-
-
-def left(root: Path) -> str | None:
-    """What the journal a killed apply left says of each file now; None when there is none."""
-    entries = journal(root)
-    if entries is None:
-        return None
-    said = []
-    for rel, (before, after) in entries.items():
-        now = (root / rel).read_bytes() if (root / rel).is_file() else None
-        patched = now is not None and hashlib.sha256(now).hexdigest() == after
-        state = "as before" if now == before else "patched, not verified" if patched else "changed since"
-        said.append(f"{rel} {state}")
-    return ", ".join(said) or "naming no file it can restore: unreadable, or not the tool's"
+def touched(target: Target, patches: list[Patch]) -> list[str]:
+    """Every file any of the patches changes, as it lies under the target's root."""
+    return list(dict.fromkeys(stripped(path, target.strip) for patch in patches for path in patch.paths()))
 
 
 def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
-    """The state a killed apply left, or the most telling of each patch's (by git apply forward and reverse)."""
+    """What a killed run left, or the most telling of each patch's states (by git apply forward and reverse)."""
     patches = [patches] if isinstance(patches, Patch) else patches
-    if (said := left(target.root)) is not None:
-        return Verdict(target, State.INTERRUPTED, f"{JOURNAL} ({said})", patches[0])
+    if (said := journal.left(target.root, touched(target, patches))) is not None:
+        return Verdict(target, State.INTERRUPTED, said, patches[0])
     return min((_check(target, patch) for patch in patches), key=lambda verdict: list(State).index(verdict.state))
 
 
 def _check(target: Target, patch: Patch) -> Verdict:
-    src = scope(target, patch)
-    diff = patch.part(src=src)
-    within = [Path(stripped(path, target.strip)) for path in patch.paths(src=src)]  # each file, folders above it
-    if linked := [part for rel in within for part in [rel, *rel.parents][:-1] if (target.root / part).is_symlink()]:
-        # read through the link: the fix may already be there
-        if fix_present(target.fixed_file.read_text(errors="replace")):
-            return Verdict(target, State.EQUIVALENT, patch=patch)
-        return Verdict(target, State.LINKED, str(linked[0]), patch)
-    if not (error := apply_diff(diff, target.root, strip=target.strip, check=True)):
-        said = "source and tests" if src is None else "source hunks only"
-        return Verdict(target, State.APPLIES, f"{said}, {name(patch)}", patch)
-    if not apply_diff(diff, target.root, strip=target.strip, reverse=True, check=True):
-        return Verdict(target, State.APPLIED, name(patch), patch)
+    """The whole patch where the target has upstream's test files (a checkout, a source tree), else or where those
+    moved on, its source part alone (what a release holds)."""
+    tests = patch.test_files()
+    with_tests = target.strip == 1 and tests and all((target.root / test).is_file() for test in tests)
+    errors, local = [], None
+    for src in [None, True] if with_tests else [True]:
+        diff, verdict = patch.part(src=src), Verdict(target, State.APPLIES, patch=patch, src=src)
+        within = [Path(rel) for rel in verdict.files]
+        if linked := [
+            part for rel in within for part in [rel, *rel.parents][:-1] if (target.root / part).is_symlink()
+        ]:
+            # read through the link: the fix may already be there
+            if fix_present(target.fixed_file.read_text(errors="replace")):
+                return Verdict(target, State.EQUIVALENT, patch=patch, src=src)
+            return Verdict(target, State.LINKED, str(linked[0]), patch, src)
+        scope = "source and tests" if src is None else "source hunks only"
+        if errors:
+            scope += f"; upstream's tests left out, their file has moved on ({first_error_line(errors[0])})"
+        if not (error := apply_diff(diff, target.root, strip=target.strip, check=True)):
+            return Verdict(target, State.APPLIES, f"{scope}, {name(patch)}", patch, src)
+        if not apply_diff(diff, target.root, strip=target.strip, reverse=True, check=True):
+            return Verdict(target, State.APPLIED, f"{scope.split(';')[0]}, {name(patch)}", patch, src)
+        errors.append(error)
+        if target.kind == Kind.CHECKOUT and _applies_to_head(target, diff):  # only uncommitted edits in the way
+            local = Verdict(target, State.LOCAL_CHANGES, first_error_line(error), patch, src)
+            break
     if fix_present(target.fixed_file.read_text(errors="replace")):
         return Verdict(target, State.EQUIVALENT, patch=patch)
-    if target.kind == Kind.CHECKOUT:  # only uncommitted edits in the way? `git apply --cached` to an index of HEAD
-        with tempfile.TemporaryDirectory() as tmp:
-            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-            git("read-tree", "HEAD", cwd=target.root, env=env)
-            if not apply_diff(diff, target.root, check=True, cached=True, env=env):
-                return Verdict(target, State.LOCAL_CHANGES, first_error_line(error), patch)
-    return Verdict(target, State.DRIFTED, first_error_line(error), patch)
+    return local or Verdict(target, State.DRIFTED, first_error_line(errors[-1]), patch)
+
+
+def _applies_to_head(target: Target, diff: str) -> bool:
+    """`git apply --cached --check` to an index of HEAD: whether the diff fits the committed files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git("read-tree", "HEAD", cwd=target.root, env=env)
+        return not apply_diff(diff, target.root, check=True, cached=True, env=env)
 
 
 def already_fixed(verdict: Verdict) -> str:
     """How the target already holds the fix, "" if the patch applies; else a refusal with the verdict's line."""
     if verdict.state in (State.APPLIED, State.EQUIVALENT):
-        return verdict.detail if verdict.state == State.APPLIED else "an equivalent fix"
+        return verdict.detail if verdict.state == State.APPLIED else "another way"
     if verdict.state != State.APPLIES:
         raise ToolError(str(verdict), verdict.state.code)
     return ""
-
-
-def verify(target: Target, python: str) -> tuple[bool, str]:
-    """Whether the mask reaches the model, and why: probe.py's source run with -c under `python` (nothing of the tool
-    installed there, no module of its folder shadowing the target's), the target's import root first on the path."""
-    path = os.pathsep.join(filter(None, [str(target.import_root), os.environ.get("PYTHONPATH")]))
-    run = [python, "-c", Path(probe.__file__).read_text()]
-    env = dict(os.environ, PYTHONPATH=path)
-    result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=target.import_root)
-    if result.returncode != 0 or not result.stdout.strip():
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        why = f"the probe could not run {target.label} under {python} ({tail}); pass --python an interpreter"
-        return False, f"{why} that imports this Megatron-Bridge (its megatron-core)"
-    try:
-        found = json.loads(result.stdout.strip().splitlines()[-1])
-    except ValueError:
-        return False, f"{python} printed no probe result ({result.stdout.strip().splitlines()[-1][:200]!r})"
-    if not is_gpt_step_of(found["file"], target.import_root):
-        return False, f"{python} imported gpt_step from {found['file']}, not from {target.label}"
-    return found["delivered"], found["reason"]

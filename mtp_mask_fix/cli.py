@@ -1,4 +1,4 @@
-"""mtp-mask-fix: check, apply, verify and gate the Megatron-Bridge #6103 fix on any Megatron-Bridge; prepare the PR.
+"""mtp-mask-fix: check, apply, verify and revert the Megatron-Bridge #6103 fix on any Megatron-Bridge.
 
 Each cmd_* returns what it prints and its exit code; gate and pr import their modules when run (a container needs
 neither)."""
@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mtp_mask_fix import apply, check, targets
+from mtp_mask_fix import __version__, apply, check, journal, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
+from mtp_mask_fix.journal import WAIT, Lock
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import CHECKOUT
+from mtp_mask_fix.paths import CHECKOUT, PACKAGE
+from mtp_mask_fix.signals import Guard, Interrupted
+from mtp_mask_fix.verify import verify
 
 
 TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree) or megatron/bridge (site-packages)"
@@ -35,7 +38,8 @@ def interpreter(python: str) -> str:
 
 
 def _target(args, python: str, releases: bool = True) -> targets.Target:
-    """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found)."""
+    """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found), named as
+    it would be: an editable install's checkout, not its src/."""
     if args.target is not None:
         return targets.resolve(args.target, releases=releases)
     # Not the cwd's (what trains runs elsewhere), unless PYTHONPATH names it: then it imports it wherever it runs.
@@ -46,31 +50,42 @@ def _target(args, python: str, releases: bool = True) -> targets.Target:
     where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
         raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
-    return targets.resolve(str(where.parent.parent))
+    root = where.parent.parent
+    return targets.resolve(
+        str(root.parent if root.name == "src" and (root.parent / "src" / PACKAGE).is_dir() else root)
+    )
+
+
+def _read(target: targets.Target):
+    """A reader's lock: a running apply or revert finishes first, so that its journal never reads as left behind."""
+    return Lock(target.root, target.label, exclusive=False)
 
 
 def cmd_check(args) -> tuple[str, Exit]:
-    verdict = check.check(_target(args, interpreter(args.python)), check.candidates(args.patch))
+    target = _target(args, interpreter(args.python))
+    with _read(target):
+        verdict = check.check(target, check.candidates(args.patch))
     return str(verdict), verdict.state.code
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
-    try:
-        python = interpreter(args.python)
-        target, patches = _target(args, python, releases=False), check.candidates(args.patch)
-    except apply.Interrupted as signalled:
-        raise ToolError(f"interrupted by {signalled.name}: nothing changed", signalled.code) from None
-    return apply.apply(target, patches, python=None if args.no_verify else python)
+    python = interpreter(args.python)
+    target, patches = _target(args, python, releases=False), check.candidates(args.patch)
+    return apply.apply(target, patches, python=None if args.no_verify else python, wait=args.wait)
+
+
+def cmd_revert(args) -> tuple[str, Exit]:
+    target = _target(args, interpreter(args.python), releases=False)
+    return apply.revert(target, check.candidates(args.patch), wait=args.wait)
 
 
 def cmd_verify(args) -> tuple[str, Exit]:
     python = interpreter(args.python)
     target = _target(args, python)
-    if left := check.left(target.root):
-        raise ToolError(
-            f"{target.label}: an interrupted apply left {check.JOURNAL} ({left}); run `apply`", Exit.FAILED
-        )
-    delivered, reason = check.verify(target, python)
+    with _read(target):
+        if left := journal.left(target.root, check.touched(target, check.candidates(args.patch))):
+            raise ToolError(f"{target.label}: an interrupted run left {left}; `apply` puts it back", Exit.FAILED)
+        delivered, reason = verify(target, python)
     if not delivered:
         raise ToolError(f"{target.label}: not verified with {python}: {reason}", Exit.FAILED)
     return f"{target.label}: verified with {python}: {reason}", Exit.OK
@@ -99,7 +114,9 @@ def cmd_gate(args) -> tuple[str, Exit]:
 def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates(args.patch)  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
-    verdict = check.check(_target(args, interpreter(args.python)), patches)
+    target = _target(args, interpreter(args.python))
+    with _read(target):
+        verdict = check.check(target, patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
 
 
@@ -107,6 +124,17 @@ def cmd_pr(args) -> tuple[str, Exit]:
     from mtp_mask_fix import pr
 
     return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
+
+
+def seconds(text: str) -> float:
+    """--wait: a number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     patch = "the patch to use (default: the first in patches/series)"
     parser.add_argument("--patch", type=Path, help=patch)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def command(func, help, target=None, python=None):
@@ -134,9 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     reads = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
     tests = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
     imported = f"{RELEASE} (default: the Megatron-Bridge that --python imports)"
-    command(cmd_check, "applies / already applied (or an equivalent fix) / drifted", imported, reads)
+    wait = f"seconds to wait while another mtp-mask-fix process writes TARGET (default {WAIT:.0f})"
+    command(cmd_check, "applies / already applied (or fixed another way) / drifted", imported, reads)
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", imported, trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
+    p.add_argument("--wait", type=seconds, default=WAIT, help=wait)
+    p = command(cmd_revert, "take the patch out again (all or nothing): the release's own files", imported, reads)
+    p.add_argument("--wait", type=seconds, default=WAIT, help=wait)
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", imported, trains)
     p = command(cmd_gate, "red/green on base and patched trees of each target; non-zero unless it holds", None, tests)
     p.add_argument("--release", action="append", help=f"{RELEASE}; repeatable (default: the pin and `latest`)")
@@ -151,14 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
     """Console entry point (also of maintain/'s commands): one line on stderr for any refusal, its exit code."""
     try:
-        with apply.Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply rolls back first)
+        with Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
             args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
             if getattr(args, "patch_after", None):
                 if args.patch not in (None, args.patch_after):
                     raise ToolError("--patch given twice, before and after the command: give it once")
                 args.patch = args.patch_after
             text, code = args.func(args)
-        print(text, end="\n" if text else "")
+            print(text, end="\n" if text else "")
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         code = exc.code
@@ -166,7 +199,10 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
         print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
         code = Exit.FAILED
-    except apply.Interrupted as exc:  # apply says what it left; other commands may be stopped mid-write
+    except OSError as exc:  # the file system refused what no check foresaw: said, never a traceback
+        print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
+        code = Exit.FAILED
+    except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
         print(f"mtp-mask-fix: error: interrupted by {exc.name}", file=sys.stderr)
         code = exc.code
     sys.exit(int(code))

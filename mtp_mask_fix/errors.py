@@ -12,7 +12,10 @@ class Exit(IntEnum):
         member._value_, member.meaning = code, meaning
         return member
 
-    OK = 0, "done; `check`, `status`: the patch applies (bug present); `apply`: fixed, verified unless --no-verify"
+    OK = (
+        0,
+        "done; `check`, `status`: the patch applies (the bug is present); `apply`: fixed, verified unless --no-verify",
+    )
     USAGE = (
         2,
         (
@@ -20,12 +23,18 @@ class Exit(IntEnum):
             "uncommitted changes in a checkout, a symlinked file, an unknown release"
         ),
     )
-    ALREADY_APPLIED = 3, "`check`, `status`, `gate`: already fixed (this patch or an equivalent): retire the patch"
+    ALREADY_APPLIED = (
+        3,
+        "`check`, `status`, `gate`: already fixed (by this patch or another way): nothing to apply; where upstream "
+        "or a release holds the fix, a fork can retire the patch",
+    )
     DRIFTED = 4, "the patch no longer applies: upstream's text changed"
     FAILED = 5, "a check failed or tested nothing: red/green, a behaviour probe, a gate row, a missing figure"
+    BUSY = 6, "another mtp-mask-fix process held the target for longer than the wait: nothing changed"
     INTERRUPTED = (
         128,
-        "128 + n: interrupted by signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); the target is as before",
+        "128 + n: interrupted by signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); the target is as before, or as the "
+        "command had finished it (its line says which)",
     )
 
 

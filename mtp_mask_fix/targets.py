@@ -39,6 +39,15 @@ class Target:
     def fixed_file(self) -> Path:
         return self.import_root / GPT_STEP
 
+    @property
+    def release(self) -> str:
+        """The Megatron-Bridge version its package_info.py states, "" without one (a journal names it)."""
+        info = self.import_root / PACKAGE / "package_info.py"
+        text = info.read_text(errors="replace") if info.is_file() else ""
+        found = [re.search(rf"^{part} = [\"']?([\w.]*)", text, re.M) for part in ("MAJOR", "MINOR", "PATCH")]
+        pre = re.search(r"^PRE_RELEASE = [\"']([\w.]*)", text, re.M)
+        return ".".join(m.group(1) for m in found) + (pre.group(1) if pre else "") if all(found) else ""
+
 
 def pins() -> dict[str, str]:
     """requirements/megatron.txt: the pinned release every default refers to, and this environment's megatron-core."""
@@ -91,7 +100,7 @@ def is_git_top(root: Path) -> bool:
 def release(version: str) -> Target:
     """Any release's wheel (`latest`: the newest, not yanked, not a pre-release), unpacked once into .work/pypi/."""
     root = WORK / "pypi" / version
-    if version == "latest" or not (root / PACKAGE).is_dir() or not metadata_file(root):
+    if version == "latest" or not (root / PACKAGE).is_dir():
         root = _download(version)
     latest = ", latest" if version == "latest" else ""
     return Target(f"megatron-bridge=={root.name} (PyPI{latest})", root, Kind.RELEASE)
@@ -116,8 +125,6 @@ def _download(version: str) -> Path:
             if not (root / PACKAGE).is_dir():
                 wheel.extractall(Path(tmp) / "site", names)
                 shutil.move(str(Path(tmp) / "site"), root)
-            elif not metadata_file(root):  # unpacked by an older version of the tool
-                wheel.extractall(root, [n for n in names if n.endswith("METADATA")])
     return root
 
 

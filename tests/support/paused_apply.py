@@ -1,4 +1,4 @@
-"""`python -m tests.support.paused_apply PHASE MARKER apply ARGS...`: the tool's CLI, paused once `apply` reaches
+"""`python -m tests.support.paused_apply PHASE MARKER ARGS...`: the tool's CLI (apply or revert), paused once it reaches
 PHASE, so that a test can signal or kill it there. At that moment it writes MARKER and sleeps.
 
 The tool carries no test hook. This module wraps the functions `apply` calls, and a phase is a state of the target.
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from mtp_mask_fix import apply, cli
-from mtp_mask_fix.check import JOURNAL
+from mtp_mask_fix.journal import JOURNAL
 
 
 PHASE, MARKER, *ARGV = sys.argv[1:]
@@ -31,11 +31,11 @@ def pause(phase: str) -> None:
         time.sleep(120)
 
 
-def new_bytes(target, patch, _real=apply._new_bytes):
-    before, after = _real(target, patch)
-    FILES.update(root=target.root, after=after)
+def new_bytes(verdict, _real=apply._new_bytes, **kwargs):
+    after = _real(verdict, **kwargs)
+    FILES.update(root=verdict.target.root, after=after)
     pause("checked")
-    return before, after
+    return after
 
 
 @contextlib.contextmanager

@@ -4,10 +4,12 @@ and passes only if it finds the batch's loss_mask delivered. Its outcome and rea
 tests/test_wrong_fixes.py, which pins the verdict per variant. Not a test_ file: the suite's own session does not
 collect it."""
 
+import torch
+
 from mtp_mask_fix.probe import probe
 
 
-STUBBED = ("get_model_config", "get_pg_collection", "get_batch")  # what probe() replaces in gpt_step
+STUBBED = ("get_model_config", "get_pg_collection")  # what probe() replaces in gpt_step
 
 
 def test_verify_probe_finds_the_batchs_loss_mask(monkeypatch, record_property):
@@ -15,6 +17,11 @@ def test_verify_probe_finds_the_batchs_loss_mask(monkeypatch, record_property):
 
     for name in STUBBED:  # put back after the test, whatever runs next in the session
         monkeypatch.setattr(gpt_step, name, getattr(gpt_step, name))
-    found = probe()
+    alone = not torch.distributed.is_initialized()
+    try:
+        found = probe()
+    finally:
+        if alone and torch.distributed.is_initialized():  # the probe's one-rank job ends with it
+            torch.distributed.destroy_process_group()
     record_property("reason", found["reason"])  # the session's record carries it (Run.reasons)
     assert found["delivered"], found["reason"]

@@ -17,8 +17,8 @@ from functools import partial
 
 import torch
 
-from mtp_mask_fix.probe import make_state
 from tests.support import cpu_runtime
+from tests.support.upstream_helpers import make_state
 
 
 VOCAB = 128

@@ -10,10 +10,12 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from unidiff import PatchSet
 
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE as FIXED
@@ -23,6 +25,16 @@ from mtp_mask_fix.targets import release as release_target
 
 
 PINNED = pins()["megatron-bridge"]
+PATCH_FILE = "patches/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
+BACKPORT_FILE = "patches/0.2-0.5/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
+
+
+CONTEXT = '        "attention_mask": attention_mask,\n'  # a context line of the source hunk
+REGION_EDIT = '        "attention_mask": attention_mask,  # local tweak\n'
+LABELS = '        "labels": labels,\n    }\n'
+EQUIVALENT_FIX = '        "labels": labels,\n        "loss_mask": loss_mask,\n    }\n'
+FAR_FROM_HUNK = "import logging\n"  # line 15; the hunk sits at ~436
+
 UPSTREAM_AUTHOR = ("Upstream Dev", "upstream@example.org")
 SUBMITTER = ("Ada Submitter", "ada@example.org")
 
@@ -250,3 +262,69 @@ def edit(git):
 def repo_file():
     """A file of this repository, as bytes."""
     return lambda rel: (REPO / rel).read_bytes()
+
+
+# --- verdicts, interpreters and a paused apply ---------------------------------------------------------------------
+
+
+def verdict(result: subprocess.CompletedProcess, code: int) -> str:
+    """`check` prints its verdict as one line on stdout, nothing on stderr, and exits with the state's code."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert len(lines) == 1, result.stdout
+    return lines[0]
+
+
+def fake_python(tmp_path: Path, name: str, body: str) -> Path:
+    """An executable standing in for an interpreter: a shell script with `body`."""
+    script = tmp_path / name
+    script.write_text(f"#!/bin/sh\n{body}\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.fixture
+def probe_ok(tmp_path):
+    """An interpreter whose probe finds the fix at once (the behaviour probe itself is tested in test_verify.py)."""
+
+    def make(root: Path, *, seconds: float = 0) -> Path:
+        found = f'{{"file": "{root}/megatron/bridge/training/gpt_step.py", "delivered": true, "reason": "fake probe"}}'
+        return fake_python(tmp_path, "python-ok", f"sleep {seconds}; echo '{found}'")
+
+    return make
+
+
+def start_paused(tool_env, tmp_path, phase, *args):
+    """Start the tool's `ARGS` (apply or revert) and wait until it pauses at `phase` (tests/support/paused_apply.py);
+    returns the process."""
+    marker = tmp_path / f"paused-{phase}"
+    env = dict(tool_env, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), tool_env.get("PYTHONPATH")])))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.paused_apply", phase, str(marker), *map(str, args)],
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    for _ in range(600):
+        if marker.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    assert marker.exists(), proc.communicate()
+    return proc
+
+
+def changed_lines(patch_set: PatchSet) -> dict[str, list[tuple[str, str]]]:
+    """Per file: the added and removed lines, in order (line numbers and blob ids left aside)."""
+    return {
+        f.path: [(line.line_type, line.value) for hunk in f for line in hunk if line.is_added or line.is_removed]
+        for f in patch_set
+    }
+
+
+def hunk_parts(patch, *, src_only: bool) -> dict[str, list[tuple[str, str]]]:
+    return {
+        path: lines for path, lines in changed_lines(patch.files).items() if path.startswith("src/") or not src_only
+    }

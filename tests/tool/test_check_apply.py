@@ -3,56 +3,31 @@
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from unidiff import PatchSet
 
 from mtp_mask_fix.check import fix_present
-from mtp_mask_fix.paths import GPT_STEP, REPO, WORK
-from mtp_mask_fix.targets import release as release_target
-from mtp_mask_fix.trees import materialise
 
-from .conftest import FIXED, PINNED, SUBMITTER, UPSTREAM_TEST, Tree, digests
-
-
-PATCH_FILE = "patches/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
-BACKPORT_FILE = "patches/0.2-0.5/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
-
-
-CONTEXT = '        "attention_mask": attention_mask,\n'  # a context line of the source hunk
-REGION_EDIT = '        "attention_mask": attention_mask,  # local tweak\n'
-LABELS = '        "labels": labels,\n    }\n'
-EQUIVALENT_FIX = '        "labels": labels,\n        "loss_mask": loss_mask,\n    }\n'
-FAR_FROM_HUNK = "import logging\n"  # line 15; the hunk sits at ~436
-
-
-def verdict(result: subprocess.CompletedProcess, code: int) -> str:
-    """`check` prints its verdict as one line on stdout, nothing on stderr, and exits with the state's code."""
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    assert result.stderr == ""
-    lines = result.stdout.splitlines()
-    assert len(lines) == 1, result.stdout
-    return lines[0]
-
-
-def changed_lines(patch_set: PatchSet) -> dict[str, list[tuple[str, str]]]:
-    """Per file: the added and removed lines, in order (line numbers and blob ids left aside)."""
-    return {
-        f.path: [(line.line_type, line.value) for hunk in f for line in hunk if line.is_added or line.is_removed]
-        for f in patch_set
-    }
-
-
-def hunk_parts(patch, *, src_only: bool) -> dict[str, list[tuple[str, str]]]:
-    return {
-        path: lines for path, lines in changed_lines(patch.files).items() if path.startswith("src/") or not src_only
-    }
+from .conftest import (
+    BACKPORT_FILE,
+    CONTEXT,
+    EQUIVALENT_FIX,
+    FAR_FROM_HUNK,
+    FIXED,
+    LABELS,
+    PATCH_FILE,
+    PINNED,
+    REGION_EDIT,
+    SUBMITTER,
+    UPSTREAM_TEST,
+    Tree,
+    changed_lines,
+    hunk_parts,
+    verdict,
+)
 
 
 class TestCheckStates:
@@ -71,10 +46,10 @@ class TestCheckStates:
         line = verdict(cli("check", target.root), 3)
         assert "already applied" in line
 
-    def test_equivalent_upstream_fix_says_retire(self, cli, edit, target):
+    def test_equivalent_upstream_fix_is_already_fixed(self, cli, edit, target):
         edit(target, target.gpt_step, LABELS, EQUIVALENT_FIX)
         line = verdict(cli("check", target.root), 3)
-        assert "equivalent fix" in line and "retire the patch" in line
+        assert "already fixed another way" in line and "nothing to apply" in line
 
     def test_drifted_context_names_the_file(self, cli, edit, snapshot, target):
         edit(target, target.gpt_step, CONTEXT, '        "attention_mask": attention_mask if use_mask else None,\n')
@@ -84,11 +59,20 @@ class TestCheckStates:
         assert "drifted" in line
         assert re.search(r"patch failed: (src/)?megatron/bridge/training/gpt_step\.py:\d+", line)
 
-    def test_drifted_upstream_test_only(self, cli, edit, checkout):
-        """The source hunk still fits, but upstream's test moved on: drifted, and the message names the test file."""
+    def test_upstream_test_file_moved_on(self, cli, edit, checkout, patched_gpt_step):
+        """The source hunk still fits, but upstream's test file moved on: the source alone, said so (naming the test
+        file), and apply writes that; revert takes it out again."""
         edit(checkout, checkout.upstream_test, "_flops_seqlen_sum == 0\n", "_flops_seqlen_sum == 0  # moved on\n")
-        line = verdict(cli("check", checkout.root), 4)
-        assert "drifted" in line and UPSTREAM_TEST in line
+        tests = checkout.upstream_test.read_bytes()
+        line = verdict(cli("check", checkout.root), 0)
+        assert (
+            "source hunks only; upstream's tests left out, their file has moved on" in line and UPSTREAM_TEST in line
+        )
+        assert cli("apply", "--no-verify", checkout.root).returncode == 0
+        assert checkout.gpt_step.read_text() == patched_gpt_step and checkout.upstream_test.read_bytes() == tests
+        assert f"already applied (source hunks only, {PATCH_FILE})" in verdict(cli("check", checkout.root), 3)
+        assert cli("revert", checkout.root).returncode == 0
+        assert "the patch applies" in verdict(cli("check", checkout.root), 0)
 
     @pytest.mark.parametrize("version", ["0.6.0", "0.6.1", "0.6.2"])  # the 0.6 series (0.6.1 is yanked on PyPI)
     def test_06_releases_apply(self, cli, version):
@@ -100,31 +84,17 @@ class TestCheckStates:
         line = verdict(cli("check", env=dict(tool_env, PYTHONPATH=path)), 0)
         assert line.startswith(f"{site_packages.root}: the patch applies")
 
+    def test_default_target_of_an_editable_checkout_is_the_checkout(self, cli, tool_env, edit, checkout):
+        """An editable install imports the checkout's src/: judged as the checkout, with the same verdicts as when
+        it is named."""
+        env = dict(tool_env, PYTHONPATH=str(checkout.root / "src"))
+        assert verdict(cli("check", env=env), 0).startswith(f"{checkout.root}: the patch applies (source and tests")
+        edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT, commit=False)
+        line = verdict(cli("check", env=env), 2)
+        assert line == verdict(cli("check", checkout.root), 2) and "uncommitted local changes in the patch's" in line
+
     def test_no_target_and_no_megatron_bridge_is_refused(self, cli, refused):
         refused(cli("check"), 2, "imports no megatron.bridge", sys.executable)
-
-
-class TestEntryPoints:
-    """`mtp-mask-fix` (console script) and `python -m mtp_mask_fix` are the same tool."""
-
-    def test_console_script_matches_module(self, cli, tool_env, tmp_path, site_packages):
-        script = Path(sys.executable).parent / "mtp-mask-fix"
-        result = subprocess.run(
-            [str(script), "check", str(site_packages.root)], cwd=tmp_path, env=tool_env, capture_output=True, text=True
-        )
-        assert (result.returncode, result.stdout, result.stderr) == (0, cli("check", site_packages.root).stdout, "")
-
-    def test_the_tool_imports_neither_torch_nor_pytest(self, tool_env):
-        """In a training container the tool runs with git and unidiff alone: only repro/effect import torch."""
-        code = "import sys, mtp_mask_fix.cli; print(sorted({'torch', 'pytest', 'megatron'} & set(sys.modules)))"
-        result = subprocess.run([sys.executable, "-c", code], env=tool_env, capture_output=True, text=True)
-        assert result.stdout == "[]\n", result.stderr
-
-    def test_help(self, cli):
-        result = cli("--help")
-        assert result.returncode == 0
-        listed = re.findall(r"^    (\w+)\s+\S", result.stdout, re.M)  # argparse's one line per command
-        assert listed == ["check", "apply", "verify", "gate", "pr", "status"]
 
 
 class TestNestedTree:
@@ -183,61 +153,6 @@ class TestFixPresent:
             release_gpt_step.replace(LABELS, LABELS.replace("    }", '        "loss_mask": None,\n    }'))
         )
         assert not fix_present("def _forward_step_common(:\n")
-
-
-class TestApplyGitCheckout:
-    """apply on a git checkout changes the working tree only, by exactly the patch."""
-
-    def test_working_tree_gets_exactly_the_patch(self, cli, git, checkout, patch):
-        head = git(checkout.root, "rev-parse", "HEAD")
-        result = cli("apply", "--no-verify", checkout.root)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == f"{checkout.root}: applied (source and tests, {PATCH_FILE})"
-        assert git(checkout.root, "rev-parse", "HEAD") == head  # nothing committed
-        assert git(checkout.root, "status", "--porcelain") == f" M {FIXED}\n M {UPSTREAM_TEST}\n"
-        assert changed_lines(PatchSet(git(checkout.root, "diff"))) == hunk_parts(patch, src_only=False)
-
-    def test_local_change_elsewhere_in_the_file_does_not_block(self, cli, edit, checkout, patched_gpt_step):
-        edit(checkout, checkout.gpt_step, FAR_FROM_HUNK, "import logging  # local note\n", commit=False)
-        result = cli("apply", "--no-verify", checkout.root)
-        assert result.returncode == 0, result.stderr
-        expected = patched_gpt_step.replace(FAR_FROM_HUNK, "import logging  # local note\n", 1)
-        assert checkout.gpt_step.read_text() == expected
-
-    def test_local_change_in_the_region_blocks(self, cli, edit, refused, snapshot, checkout):
-        edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT, commit=False)
-        before = snapshot(checkout.root)
-        line = refused(cli("apply", "--no-verify", checkout.root), 2, "local changes")
-        assert "commit or stash" in line
-        assert snapshot(checkout.root) == before
-        # check says the same, as a verdict
-        assert "local changes in the patch's region" in verdict(cli("check", checkout.root), 2)
-
-    def test_again_when_already_fixed_changes_nothing_and_exits_0(self, cli, snapshot, checkout):
-        assert cli("apply", "--no-verify", checkout.root).returncode == 0
-        before = snapshot(checkout.root)
-        result = cli("apply", "--no-verify", checkout.root)
-        assert (result.returncode, result.stderr) == (0, "")
-        assert result.stdout == f"{checkout.root}: already fixed ({PATCH_FILE}); nothing changed\n"
-        assert snapshot(checkout.root) == before
-
-    def test_again_when_already_fixed_still_verifies(self, cli, refused, snapshot, tmp_path, probe_ok, checkout):
-        """`apply || exit 1` at start-up: exit 0 means verified, also when there was nothing to write."""
-        assert cli("apply", "--no-verify", checkout.root).returncode == 0
-        before = snapshot(checkout.root)
-        python = fake_python(tmp_path, "python-without-torch", "echo 'No module named torch' >&2; exit 1")
-        refused(cli("apply", "--python", python, checkout.root), 5, "already fixed", f"not verified with {python}")
-        result = cli("apply", "--python", probe_ok(checkout.root / "src"), checkout.root)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith(f"{checkout.root}: already fixed ({PATCH_FILE}); nothing changed; verified")
-        assert snapshot(checkout.root) == before
-
-    def test_refuses_when_drifted(self, cli, edit, refused, snapshot, checkout):
-        edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT)  # committed: upstream moved on
-        before = snapshot(checkout.root)
-        line = refused(cli("apply", "--no-verify", checkout.root), 4, "drifted")
-        assert "gpt_step.py" in line
-        assert snapshot(checkout.root) == before
 
 
 class TestApplyBranch:
@@ -333,26 +248,6 @@ class TestApplyBranch:
         assert "again" not in git(checkout.root, "branch")
 
 
-class TestApplySitePackages:
-    """apply on an installed package: the source hunk only, verified by behaviour (the probe imports the tree)."""
-
-    def test_failed_verification_rolls_back(self, cli, tmp_path, refused, snapshot, site_packages):
-        """An interpreter whose probe finds no loss_mask: exit 5, and the file is put back."""
-        fake_python = tmp_path / "fake-python"
-        fake_python.write_text(
-            '#!/bin/sh\necho \'{"file": "x", "delivered": false, "reason": "no loss_mask reached the model"}\'\n'
-        )
-        fake_python.chmod(0o755)
-        before = snapshot(site_packages.root)
-        refused(cli("apply", "--python", fake_python, site_packages.root), 5, "rolled back")
-        assert snapshot(site_packages.root) == before
-
-    def test_source_hunk_only(self, cli, site_packages, patched_gpt_step):
-        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
-        assert site_packages.gpt_step.read_text() == patched_gpt_step
-        assert not (site_packages.root / "tests").exists()
-
-
 class TestStatus:
     """status: the patch's status block, then whether the target still needs the patch."""
 
@@ -365,100 +260,6 @@ class TestStatus:
         assert cli("apply", "--no-verify", site_packages.root).returncode == 0
         after = cli("status", site_packages.root)  # exit codes as check's: 3, retire
         assert after.returncode == 3 and "already applied" in after.stdout.splitlines()[-1]
-
-
-# name: (gpt_step.py edit, apply this patch first); one copy of the release each. The probe's judgement of fixes
-# written otherwise (#6105's, labels as the mask, ...) is pinned per variant in tests/test_wrong_fixes.py, whose
-# sessions run it warm; here, the real CLI end to end.
-VERIFY_CASES = {
-    "unpatched": (None, False),
-    "patched": (None, True),
-}
-
-
-def _verify_cases() -> dict:
-    """`verify` (or, for "patched", `apply`, which verifies) on each case's site-packages, all at once: each run imports a whole Megatron-Bridge in a fresh
-    interpreter. A case's site-packages is the release with its own gpt_step.py (and the directories above it); every
-    other directory links to the release's, bytecode cache included (trees.materialise), so no run recompiles it.
-
-    Returns (the site-packages, the verify or apply result, the check result, digests before, after) per case."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    release = release_target(PINNED)
-    shutil.rmtree(WORK / "verify-cases", ignore_errors=True)
-
-    def run(name):
-        edit, apply = VERIFY_CASES[name]
-        text = (release.root / GPT_STEP).read_text()
-        root = materialise(
-            release.root,
-            WORK / "verify-cases" / str(list(VERIFY_CASES).index(name)),
-            rewrite={GPT_STEP: text.replace(*edit) if edit else text},
-        )
-        tool = [sys.executable, "-m", "mtp_mask_fix"]
-        before = digests(root)
-        # apply verifies by behaviour itself: after it, the probe of `verify` would only repeat it
-        commands = (
-            [["apply", str(root)], ["check", str(root)]] if apply else [["verify", str(root)], ["check", str(root)]]
-        )
-        done = [subprocess.run([*tool, *command], env=env, capture_output=True, text=True) for command in commands]
-        return root, *done, before, digests(root)
-
-    with ThreadPoolExecutor(len(VERIFY_CASES)) as pool:
-        return dict(zip(VERIFY_CASES, pool.map(run, VERIFY_CASES)))
-
-
-EARLY = {}
-
-
-def start_early(pool) -> None:
-    """The probes need nothing else of the session: tests/conftest.py starts them once the suite is collected."""
-    EARLY["verified"] = pool.submit(_verify_cases)
-
-
-@pytest.fixture(scope="module")
-def verified():
-    return EARLY["verified"].result() if "verified" in EARLY else _verify_cases()
-
-
-class TestVerify:
-    """verify judges by behaviour: the probe runs the target's own forward_step under the training interpreter."""
-
-    def test_unpatched_fails(self, verified, refused):
-        refused(
-            verified["unpatched"][1], 5, f"not verified with {sys.executable}", "received no loss_mask with MTP on"
-        )
-
-    def test_apply_verifies_by_behaviour_and_changes_only_gpt_step(self, verified, patched_gpt_step):
-        """On an installed package: the source hunk only, verified by the probe under the training interpreter."""
-        root, result, _, before, after = verified["patched"]
-        assert (result.returncode, result.stderr) == (0, "")
-        assert result.stdout == (
-            f"{root}: applied (source hunks only, {PATCH_FILE}); verified with {sys.executable}: "
-            "the model receives the batch's loss_mask with MTP on\n"
-        )
-        assert {path for path in after if before.get(path) != after[path]} == {str(root / GPT_STEP)}
-        assert set(after) == set(before)  # no tests/, no journal, no stray files
-        assert (root / GPT_STEP).read_text() == patched_gpt_step
-
-    def test_an_equivalent_fix_that_is_not_this_patch_says_retire(self, cli, tmp_path):
-        """#6105's unconditional entry on the release: `check` (no probe) says retire; that `verify` passes it, and
-        fails labels as the mask, is pinned in tests/test_wrong_fixes.py (TestVerifyProbeVerdict)."""
-        release = release_target(PINNED)
-        text = (release.root / GPT_STEP).read_text()
-        assert LABELS in text
-        root = materialise(
-            release.root, tmp_path / "site-packages", rewrite={GPT_STEP: text.replace(LABELS, EQUIVALENT_FIX)}
-        )
-        assert verdict(cli("check", root), 3).endswith(
-            "an equivalent fix: gpt_step passes loss_mask to the model; retire the patch"
-        )
-
-    def test_an_interpreter_that_cannot_import_it(self, cli, refused, tmp_path, site_packages):
-        python = tmp_path / "python-without-torch"
-        python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
-        python.chmod(0o755)
-        line = refused(cli("verify", "--python", python, site_packages.root), 5, "No module named 'torch'")
-        assert "pass --python" in line
 
 
 # Every PyPI release since MTP arrived (0.6.1 is yanked but still downloadable), and the file that fixes it.
@@ -474,7 +275,7 @@ class TestReleaseLines:
         line = verdict(cli("check", version), 0)
         assert line == (
             f"megatron-bridge=={version} (PyPI): the patch applies (source hunks only, {RELEASES[version]}); "
-            "the bug is present"
+            "the bug is present: `apply` fixes it"
         )
 
     @pytest.mark.parametrize("version", RELEASES)
@@ -482,7 +283,7 @@ class TestReleaseLines:
         result = cli("status", version)
         assert result.stdout.splitlines()[-1] == (
             f"  on megatron-bridge=={version} (PyPI): the patch applies (source hunks only, {RELEASES[version]}); "
-            "the bug is present"
+            "the bug is present: `apply` fixes it"
         ), result.stderr
 
     def test_pinned_release_is_one_of_them(self):
@@ -527,209 +328,6 @@ class TestBackport:
 
         for path in (refresh.path(line, patch) for line in refresh.LINES):
             assert hunk_parts(Patch.load(path), src_only=True) == hunk_parts(patch, src_only=True)
-
-
-def fake_python(tmp_path: Path, name: str, body: str) -> Path:
-    script = tmp_path / name
-    script.write_text(f"#!/bin/sh\n{body}\n")
-    script.chmod(0o755)
-    return script
-
-
-@pytest.fixture
-def probe_ok(tmp_path):
-    """An interpreter whose probe finds the fix at once (the behaviour probe itself is tested in TestVerify)."""
-
-    def make(root: Path) -> Path:
-        found = f'{{"file": "{root}/megatron/bridge/training/gpt_step.py", "delivered": true, "reason": "fake probe"}}'
-        return fake_python(tmp_path, "python-ok", f"echo '{found}'")
-
-    return make
-
-
-def start_paused(tool_env, tmp_path, phase, *args):
-    """Start `apply ARGS` and wait until it pauses at `phase` (tests/support/paused_apply.py); returns the process."""
-    marker = tmp_path / f"paused-{phase}"
-    env = dict(tool_env, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), tool_env.get("PYTHONPATH")])))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.paused_apply", phase, str(marker), "apply", *map(str, args)],
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    for _ in range(600):
-        if marker.exists() or proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    assert marker.exists(), proc.communicate()
-    return proc
-
-
-ROLLED_BACK = {"checked": "nothing changed", "journaled": "rolled back", "replaced": "rolled back"}
-ROLLED_BACK |= {"verifying": "rolled back", "verified": "rolled back"}
-INT, TERM, HUP = signal.SIGINT, signal.SIGTERM, signal.SIGHUP
-# Each phase once, each signal at several phases, all three where the files are patched but not yet verified.
-SIGNAL_CASES = [("checked", INT), ("journaled", TERM), ("replaced", INT), ("replaced", TERM), ("replaced", HUP)]
-SIGNAL_CASES += [("verifying", TERM), ("verified", HUP), ("done", INT), ("done", TERM)]
-
-
-class TestSignals:
-    """SIGINT, SIGTERM, SIGHUP at each phase of apply: bytes as before (or patched and verified once it has
-    finished), one line saying which, exit 128+n, no journal left."""
-
-    @pytest.mark.parametrize(("phase", "signum"), SIGNAL_CASES, ids=[f"{p}-{s.name}" for p, s in SIGNAL_CASES])
-    def test_signal_at_each_phase(self, tool_env, tmp_path, snapshot, probe_ok, site_packages, phase, signum):
-        before = snapshot(site_packages.root)
-        if phase == "verifying":  # the probe is running: an interpreter that says so, then takes its time
-            python = fake_python(tmp_path, "python-slow", f"touch {tmp_path}/paused-verifying; exec sleep 60")
-            proc = start_paused(tool_env, tmp_path, "verifying", "--python", python, site_packages.root)
-        else:
-            proc = start_paused(
-                tool_env, tmp_path, phase, "--python", probe_ok(site_packages.root), site_packages.root
-            )
-        proc.send_signal(signum)
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 128 + signum, (out, err)
-        assert out == "" and len(err.splitlines()) == 1 and f"interrupted by {signum.name}" in err
-        after = snapshot(site_packages.root)
-        if phase == "done":
-            assert "the apply had finished: patched and verified" in err
-            assert {p for p in after if before.get(p) != after[p]} == {str(site_packages.gpt_step)}
-        else:
-            assert ROLLED_BACK[phase] in err
-            assert after == before
-
-
-class TestKilled:
-    """kill -9 mid-apply: the journal makes the next check and verify tell the truth, and the next apply recovers."""
-
-    @pytest.mark.parametrize(("phase", "state"), [("journaled", "as before"), ("replaced", "patched, not verified")])
-    def test_check_verify_then_apply(self, cli, tool_env, tmp_path, refused, snapshot, site_packages, phase, state):
-        before = snapshot(site_packages.root)
-        proc = start_paused(tool_env, tmp_path, phase, "--no-verify", site_packages.root)
-        proc.kill()
-        proc.communicate()
-        line = verdict(cli("check", site_packages.root), 5)
-        assert "an interrupted apply left .mtp-mask-fix-journal.json" in line
-        assert f"megatron/bridge/training/gpt_step.py {state}" in line
-        refused(cli("verify", site_packages.root), 5, "an interrupted apply left")
-        result = cli("apply", "--no-verify", site_packages.root)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith(f"{site_packages.root}: restored the files an interrupted apply left")
-        assert "already applied" in verdict(cli("check", site_packages.root), 3)
-        assert {p for p in snapshot(site_packages.root) if before.get(p) != snapshot(site_packages.root)[p]} == {
-            str(site_packages.gpt_step)
-        }
-
-
-def _python312() -> str | None:
-    """A Python 3.12 (what training containers run), on PATH or under pyenv."""
-    candidates = [
-        shutil.which("python3.12"),
-        *sorted(map(str, Path.home().glob(".pyenv/versions/3.12*/bin/python3.12"))),
-    ]
-    for python in filter(None, candidates):
-        if subprocess.run([python, "-c", "import sys; assert sys.version_info[:2] == (3, 12)"]).returncode == 0:
-            return python
-    return None
-
-
-@pytest.fixture(scope="session")
-def installed_tool():
-    """A Python 3.12 venv (cached in .work/py312-tool) with this checkout pip-installed, not editable, and the pinned
-    release's wheel installed --no-deps (no torch: the tool needs none to check and apply). Reinstalled each session."""
-    from mtp_mask_fix.paths import REPO, WORK
-
-    python = _python312()
-    if python is None:
-        pytest.skip("no Python 3.12 here")
-    venv = WORK / "py312-tool"
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "-q", "--disable-pip-version-check", "install"]
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([python, "-m", "venv", str(venv)], check=True)
-        subprocess.run([*pip, "setuptools>=64", "unidiff>=0.7"], check=True, capture_output=True)
-    subprocess.run(
-        [*pip, "--no-deps", "--no-build-isolation", "--force-reinstall", str(REPO)],
-        check=True,
-        capture_output=True,
-        cwd=venv,
-    )
-    subprocess.run(
-        [*pip, "--no-deps", "--force-reinstall", f"megatron-bridge=={PINNED}"], check=True, capture_output=True
-    )
-    return venv
-
-
-@pytest.fixture
-def run_installed(installed_tool, tmp_path):
-    """Run the installed `mtp-mask-fix ARGS` from tmp_path, with no PYTHONPATH but `pythonpath` and a HOME of its own
-    (no downloads or caches of ours)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | {"HOME": str(tmp_path)}
-
-    def run(*args, pythonpath=None) -> subprocess.CompletedProcess:
-        more = {"PYTHONPATH": pythonpath} if pythonpath is not None else {}
-        tool = [str(installed_tool / "bin" / "mtp-mask-fix"), *args]
-        return subprocess.run(tool, cwd=tmp_path, env=env | more, capture_output=True, text=True)
-
-    return run
-
-
-class TestInstalledTool:
-    """In a training environment: pip-installed (not editable), run from anywhere, no TARGET."""
-
-    def test_apply_with_no_arguments_then_again(self, installed_tool, run_installed, tmp_path, refused, snapshot):
-        python, run = str(installed_tool / "bin" / "python"), run_installed
-        site = Path(
-            subprocess.run(
-                [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.strip()
-        )
-        assert verdict(run("check"), 0).startswith(f"{site}: the patch applies (source hunks only, {PATCH_FILE})")
-        shadow = tmp_path / "megatron" / "bridge" / "training"  # where the command is run is not what trains
-        shadow.mkdir(parents=True)
-        (shadow.parent / "__init__.py").write_text("")
-        (shadow / "gpt_step.py").write_bytes((site / "megatron/bridge/training/gpt_step.py").read_bytes())
-        assert verdict(run("check"), 0).startswith(f"{site}: the patch applies")
-        # an empty entry (`ENV PYTHONPATH=$PYTHONPATH:/x`), which Python reads as the cwd
-        assert verdict(run("check", pythonpath=":/nowhere"), 0).startswith(f"{site}: the patch applies")
-        # named: what trains imports it, wherever it runs
-        assert verdict(run("check", pythonpath=str(tmp_path)), 0).startswith(f"{tmp_path}: the patch applies")
-        status = run("status")  # on what this interpreter imports, as check
-        assert status.returncode == 0 and status.stdout.splitlines()[-1].startswith(f"  on {site}: the patch applies")
-        before = snapshot(site / "megatron")
-        # verify needs torch and megatron-core in that interpreter: without them apply rolls back, never exit 0
-        refused(run("apply"), 5, "rolled back", python, "No module named 'torch'")
-        assert snapshot(site / "megatron") == before
-        done = run("apply", "--no-verify")
-        assert (done.returncode, done.stdout, done.stderr) == (
-            0,
-            f"{site}: applied (source hunks only, {PATCH_FILE})\n",
-            "",
-        )
-        patched = snapshot(site / "megatron")
-        again = run("apply", "--no-verify")
-        assert (again.returncode, again.stderr) == (0, "") and "already fixed" in again.stdout
-        assert snapshot(site / "megatron") == patched
-        assert "already applied" in verdict(run("check"), 3)
-        assert "already applied" in run("status").stdout.splitlines()[-1]
-        refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
-        assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
-
-    def test_gate_and_pr_say_what_they_need(self, run_installed, tmp_path, refused, checkout):
-        """gate runs this repo's tests on a release (a clone has them) and pytest on a checkout; pr names gate as an
-        installed tool spells it."""
-        run = run_installed
-        refused(run("gate"), 2, "a clone of this repo", "./run gate", "--checkouts-only")
-        refused(run("gate", "--release", "0.6.0"), 2, "a clone of this repo")
-        refused(run("gate", "--checkouts-only", "--checkout", str(tmp_path)), 2, "not a Megatron-Bridge tree")
-        refused(run("gate", "--checkouts-only", "--checkout", str(checkout.root)), 2, "pytest", "pip install pytest")
-        refused(run("pr", "--co-author", "A <a@b.c>"), 5, "run `mtp-mask-fix gate --checkout")
-        assert not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
 
 
 class TestReleaseEnvironments:

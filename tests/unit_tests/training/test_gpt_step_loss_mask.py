@@ -24,9 +24,8 @@ import pytest
 import torch
 
 import megatron.bridge.training.gpt_step as gpt_step
-from mtp_mask_fix.probe import make_state
 from tests.support import upstream_helpers as upstream
-from tests.support.upstream_helpers import _as_nocuda, _Iterator, _MockPGCollection
+from tests.support.upstream_helpers import _as_nocuda, _Iterator, _MockPGCollection, make_state
 
 
 def _forward_steps():

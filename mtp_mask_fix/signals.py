@@ -1,0 +1,43 @@
+"""SIGINT, SIGTERM and SIGHUP for every command: inside `Guard` they raise `Interrupted`, and `held()` defers them until
+a write is whole."""
+
+import contextlib
+import signal
+
+from mtp_mask_fix.errors import Exit
+
+
+SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+class Interrupted(BaseException):
+    """A signal arrived; a BaseException, so that no `except Exception` on the way swallows it."""
+
+    def __init__(self, signum: int):
+        self.name, self.code = signal.Signals(signum).name, Exit.INTERRUPTED + signum
+        super().__init__(self.name)
+
+
+class Guard:
+    """Inside the `with`, SIGINT, SIGTERM and SIGHUP raise Interrupted (at the end of a `held()` block)."""
+
+    def __enter__(self):
+        self.old = {sig: signal.signal(sig, self.interrupt) for sig in SIGNALS}
+
+    def __exit__(self, *exc):
+        for sig, handler in self.old.items():
+            signal.signal(sig, handler)
+
+    def interrupt(self, signum, frame):
+        raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def held():
+    """Signals blocked until the block ends, then delivered: no write is cut short (spawn nothing: it inherits that)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # first: a handler run by the call below cannot skip `finally`
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -1,0 +1,42 @@
+"""`verify`: whether the code a target holds hands the batch's loss_mask to a model with MTP on, judged by behaviour
+(probe.py) in the interpreter that trains."""
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from mtp_mask_fix import probe
+from mtp_mask_fix.paths import is_gpt_step_of
+from mtp_mask_fix.targets import Target
+
+
+def verify(target: Target, python: str) -> tuple[bool, str]:
+    """Whether the mask reaches the model, and why: probe.py's source run with -c under `python` (nothing of the tool
+    installed there, no module of its folder shadowing the target's), the target's import root first on the path.
+    The probe ends with this process, however it ends."""
+    path = os.pathsep.join(filter(None, [str(target.import_root), os.environ.get("PYTHONPATH")]))
+    run = [python, "-c", Path(probe.__file__).read_text(), str(os.getpid())]
+    env = dict(os.environ, PYTHONPATH=path)
+    result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=target.import_root)
+    lines = result.stdout.strip().splitlines()
+    if result.returncode != 0 or not lines:
+        return False, _why_not(target, (result.stderr.strip().splitlines() or ["no output"])[-1])
+    try:
+        found = json.loads(lines[-1])
+    except ValueError:
+        return False, f"it printed no probe result ({lines[-1][:200]!r})"
+    if not is_gpt_step_of(found["file"], target.import_root):
+        return False, f"it imported gpt_step from {found['file']}, not from {target.label}"
+    return found["delivered"], found["reason"]
+
+
+def _why_not(target: Target, error: str) -> str:
+    """A probe that could not run, in the user's terms: the interpreter lacks what trains, or this Megatron-Bridge's
+    forward step is one the probe cannot drive."""
+    if re.search(r"ModuleNotFoundError|ImportError|No module named", error):
+        return (
+            f"it cannot import what {target.label} needs ({error}); give --python the interpreter that trains with it"
+        )
+    return f"the probe of {target.label}'s forward_step failed ({error}); please report it"

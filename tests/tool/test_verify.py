@@ -1,0 +1,130 @@
+"""verify judges by behaviour: the probe runs each release line's own forward_step in that line's environment, as a
+training job imports it; apply verifies the same way, and revert gives the release's bytes back."""
+
+import compileall
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mtp_mask_fix.paths import GPT_STEP, REPO, WORK
+from mtp_mask_fix.targets import release as release_target
+from mtp_mask_fix.trees import materialise
+
+from .conftest import BACKPORT_FILE, EQUIVALENT_FIX, LABELS, PATCH_FILE, PINNED, digests, fake_python, verdict
+
+
+# The pinned line and one before 0.6 on every push; the nightly job names every line (MTP_RELEASE_LINES) and, with
+# MTP_UPSTREAM_CHECKOUT and MTP_UPSTREAM_PYTHON, upstream main as "main".
+LINES = os.environ.get("MTP_RELEASE_LINES", f"{PINNED} 0.5.1").split()
+LINES += ["main"] * bool(os.environ.get("MTP_UPSTREAM_CHECKOUT"))
+DELIVERED = "the model receives the batch's loss_mask with MTP on"
+
+
+def interpreter(version: str) -> str:
+    """The interpreter of the line's own environment (`./run python VERSION`, built on first use; main's is given)."""
+    if version == "main":
+        return os.environ["MTP_UPSTREAM_PYTHON"]
+    if version == PINNED:
+        return sys.executable
+    done = subprocess.run([REPO / "run", "python", version], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def as_shipped(version: str) -> Path:
+    """A copy of the line's Megatron-Bridge whose only file of its own is gpt_step.py: the release's site-packages
+    (the rest links to it: its bytecode, compiled here once, serves every probe), or main's src/ at HEAD."""
+    if version == "main":
+        root = WORK / "verify-lines" / "main"
+        root.mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "-C", os.environ["MTP_UPSTREAM_CHECKOUT"], "archive", "HEAD", "src"],
+            capture_output=True,
+            check=True,
+        )
+        subprocess.run(["tar", "-x", "-C", root], input=archive.stdout, check=True)
+        compileall.compile_dir(root, quiet=2, workers=1)
+        return root
+    release = release_target(version).root
+    compileall.compile_dir(release, quiet=2, workers=1)
+    return materialise(release, WORK / "verify-lines" / version, rewrite={GPT_STEP: (release / GPT_STEP).read_text()})
+
+
+def _route(version: str) -> tuple:
+    """verify, apply (which verifies the same way) and revert, as a training job runs them, on a copy of the line as
+    shipped. Returns the interpreter, the copy, the three results, and its digests before and after."""
+    python, root = interpreter(version), as_shipped(version)
+    before = digests(root)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    steps = [["verify", "--python", python], ["apply", "--python", python], ["revert"]]
+    tool = [sys.executable, "-m", "mtp_mask_fix"]
+    runs = [subprocess.run([*tool, *step, str(root)], env=env, capture_output=True, text=True) for step in steps]
+    return python, root, runs, before, digests(root)
+
+
+EARLY = {}
+
+
+def start_early(pool) -> None:
+    """The routes need nothing else of the session: tests/conftest.py starts them once the suite is collected."""
+    shutil.rmtree(WORK / "verify-lines", ignore_errors=True)
+    EARLY["routes"] = pool.submit(lambda: {version: _route(version) for version in LINES})
+
+
+@pytest.fixture(scope="module")
+def routes():
+    return EARLY["routes"].result() if "routes" in EARLY else {version: _route(version) for version in LINES}
+
+
+@pytest.mark.parametrize("version", LINES)
+class TestReleaseLineRoute:
+    """Red on the release as shipped, by what the probe found; green once applied; the release's bytes again."""
+
+    def test_the_release_as_shipped_is_not_verified(self, routes, refused, version):
+        python, _, (verified, *_), _, _ = routes[version]
+        refused(verified, 5, f"not verified with {python}", "received no loss_mask with MTP on")
+
+    def test_apply_writes_the_lines_patch_and_verifies_it(self, routes, version):
+        python, root, (_, applied, _), _, _ = routes[version]
+        patch = BACKPORT_FILE if version.startswith(("0.3", "0.4", "0.5")) else PATCH_FILE
+        assert (applied.returncode, applied.stderr) == (0, "")
+        assert applied.stdout == f"{root}: applied (source hunks only, {patch}); verified with {python}: {DELIVERED}\n"
+
+    def test_revert_gives_the_release_its_bytes_back(self, routes, version):
+        _, root, (*_, reverted), before, after = routes[version]
+        assert (reverted.returncode, reverted.stderr) == (0, "")
+        assert after == before  # gpt_step.py, and nothing left beside it (no journal, no temporary file)
+        if version != "main":
+            assert (root / GPT_STEP).read_bytes() == release_target(version).fixed_file.read_bytes()
+
+
+class TestVerdicts:
+    def test_an_equivalent_fix_that_is_not_this_patch_is_already_fixed(self, cli, tmp_path):
+        """#6105's unconditional entry on the release: `check` (no probe) says already fixed; that `verify` passes
+        it, and fails labels as the mask, is pinned in tests/test_wrong_fixes.py (TestVerifyProbeVerdict)."""
+        release = release_target(PINNED)
+        text = (release.root / GPT_STEP).read_text()
+        assert LABELS in text
+        root = materialise(
+            release.root, tmp_path / "site-packages", rewrite={GPT_STEP: text.replace(LABELS, EQUIVALENT_FIX)}
+        )
+        assert verdict(cli("check", root), 3).endswith(
+            "already fixed another way: gpt_step passes loss_mask to the model; nothing to apply"
+        )
+
+    @pytest.mark.parametrize(
+        ("stderr", "said"),
+        [
+            ("ModuleNotFoundError: No module named 'torch'", "give --python the interpreter that trains with it"),
+            ("ValueError: not enough values to unpack (expected 10, got 6)", "forward_step failed"),
+        ],
+        ids=["no-torch", "a-forward-step-it-cannot-drive"],
+    )
+    def test_a_probe_that_cannot_run_says_why(self, cli, refused, tmp_path, site_packages, stderr, said):
+        python = fake_python(tmp_path, "python", f'echo "{stderr}" >&2; exit 1')
+        line = refused(cli("verify", "--python", python, site_packages.root), 5, stderr, said)
+        assert f"not verified with {python}: " in line
