@@ -114,9 +114,8 @@ def _worker_rss(basetemp: Path) -> list[tuple[str, float]]:
 
 def _step_time(steps: int) -> None:
     """Median fwd+bwd step of the tiny model, patched and unpatched, one process each at once (one core each)."""
-    from mtp_mask_fix.paths import VIEW
-    from mtp_mask_fix.targets import pins, release
-    from tests.support.worker import Launch, launch_all
+    from maintain.repo import VIEW, pins, release
+    from tinymodel.worker import Launch, launch_all
 
     trees = {"patched": VIEW, "unpatched": release(pins()["megatron-bridge"]).root}
     with tempfile.TemporaryDirectory(prefix="mtp-bench-step-") as tmp:

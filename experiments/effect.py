@@ -20,10 +20,9 @@ from pathlib import Path
 from experiments.effect_arm import DESCRIPTIONS
 from experiments.figures import ARMS, METRICS, cite, effect_dir, interval, patch_key, run_label, summary_line
 from experiments.synthetic import ROLES
-from mtp_mask_fix.paths import VIEW
-from mtp_mask_fix.targets import pins, release
-from tests.support.reference import loss_mass_on_masked
-from tests.support.worker import Launch, Started
+from maintain.repo import VIEW, pins, release
+from tinymodel.reference import loss_mass_on_masked
+from tinymodel.worker import Launch, Started
 
 
 TIMEOUT_S = {"small": 300, "short": 600, "plateau": 3600}  # an arm still running then is killed (the worker's rule)

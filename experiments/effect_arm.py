@@ -15,8 +15,8 @@ import torch
 
 from experiments import synthetic as syn
 from experiments import training
-from tests.support import cpu_runtime, tiny_mtp
-from tests.support.reference import mtp_ce_per_position, mtp_mask, mtp_positions
+from tinymodel import cpu_runtime, gpt
+from tinymodel.reference import mtp_ce_per_position, mtp_mask, mtp_positions
 
 
 @dataclass(frozen=True)
@@ -75,16 +75,16 @@ def _sha256(batches: list[dict]) -> str:
 
 def _chains(seed: int) -> tuple[syn.Chain, syn.Chain]:
     """The seed's pretraining language (chain A) and SFT task's language (chain B)."""
-    return syn.make_chain(tiny_mtp.VOCAB, 1 + seed), syn.make_chain(tiny_mtp.VOCAB, 100 + seed, **CHAIN_B)
+    return syn.make_chain(gpt.VOCAB, 1 + seed), syn.make_chain(gpt.VOCAB, 100 + seed, **CHAIN_B)
 
 
 def _pretrain(plan: Plan, seed: int) -> tuple[dict, dict]:
     """The seed's pretrained weights, and how the pretraining went (held out: 2 more batches, every position)."""
     chain_a, _ = _chains(seed)
     gen = torch.Generator().manual_seed(10_000 + seed)
-    make = lambda: syn.pretrain_batch(chain_a, tiny_mtp.VOCAB, plan.pretrain_batch, plan.pretrain_seq, gen)
+    make = lambda: syn.pretrain_batch(chain_a, gpt.VOCAB, plan.pretrain_batch, plan.pretrain_seq, gen)
     batches = [make() for _ in range(plan.pretrain_steps)]
-    model = tiny_mtp.build_model(1, seed=cpu_runtime.SEED + seed)
+    model = gpt.build_model(1, seed=cpu_runtime.SEED + seed)
     losses = training.pretrain(model, batches, plan.pretrain_lr)
     held_out = [make(), make()]
     for batch in held_out:
@@ -96,14 +96,14 @@ def _pretrain(plan: Plan, seed: int) -> tuple[dict, dict]:
         "lm_loss_first": losses[0],
         "lm_loss_last": losses[-1],
         "held_out": training.evaluate(model, held_out),
-        "weights_sha256": tiny_mtp.weights_sha256(model),
+        "weights_sha256": gpt.weights_sha256(model),
         "data_sha256": _sha256(batches),
     }
-    tiny_mtp.reset_mtp_tracker()
+    gpt.reset_mtp_tracker()
     return {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}, info
 
 
-def _step_one(result: tiny_mtp.StepResult, batch: dict) -> dict:
+def _step_one(result: gpt.StepResult, batch: dict) -> dict:
     """The report's step-1 figures, and per-position depth-1 CE, loss weight, mask and target role."""
     seq = batch["labels"].shape[1]
     return {
@@ -126,12 +126,12 @@ def _fine_tune(pretrained: dict, plan: Plan, setting: str, seed: int) -> dict:
     chain_a, chain_b = _chains(seed)
     prompts = chain_b if setting == "same-language" else chain_a
     gen = torch.Generator().manual_seed(1000 * seed + ALL.index(setting))
-    make = lambda: syn.sft_batch(prompts, chain_b, SETTINGS[setting], tiny_mtp.VOCAB, plan.batch, gen)
+    make = lambda: syn.sft_batch(prompts, chain_b, SETTINGS[setting], gpt.VOCAB, plan.batch, gen)
     held_out = [make() for _ in range(plan.eval_batches)]
     train = [make() for _ in range(plan.sft_steps)]
-    model = tiny_mtp.build_model(1)
+    model = gpt.build_model(1)
     model.load_state_dict(pretrained, strict=False)  # strict=False: the state dict's _extra_state entries are None
-    tiny_mtp.reset_mtp_tracker()
+    gpt.reset_mtp_tracker()
     evals = {0: _evaluate(model, held_out, plan)}
     trace = {"logged": [], "lm_loss": []}
     step_one = None
@@ -146,7 +146,7 @@ def _fine_tune(pretrained: dict, plan: Plan, setting: str, seed: int) -> dict:
         "setting": setting,
         "seed": seed,
         "data_sha256": _sha256(held_out + train),
-        "weights_sha256": tiny_mtp.weights_sha256(model),
+        "weights_sha256": gpt.weights_sha256(model),
         "step_one": step_one,
         "trace": trace,
         "evals": evals,

@@ -39,7 +39,7 @@ figures.json (every number measured in the run):
 import json
 from pathlib import Path
 
-from mtp_mask_fix.paths import WORK
+from maintain.repo import WORK
 
 
 ARMS = ("unpatched", "patched")
@@ -57,7 +57,7 @@ METRICS = {  # id: what it is (every one over the same held-out batches, at the 
 
 def patch_key() -> str:
     """The measured patch's key, as pr keys its own results: the git blob hash of the patch's diff."""
-    from mtp_mask_fix import pr
+    from maintain import pr
     from mtp_mask_fix.patch import Patch
 
     return pr.patch_key(Patch.load())

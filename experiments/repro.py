@@ -7,10 +7,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from mtp_mask_fix.paths import VIEW, WORK
-from mtp_mask_fix.targets import pins, release
-from tests.support.reference import loss_mass_on_masked
-from tests.support.worker import Launch, launch_all
+from maintain.repo import VIEW, WORK, pins, release
+from tinymodel.reference import loss_mass_on_masked
+from tinymodel.worker import Launch, launch_all
 
 
 SIDES = ("before", "after")

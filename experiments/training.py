@@ -1,11 +1,11 @@
-"""Training and evaluation of the tiny model: every forward is ``tiny_mtp.run_step`` (Bridge's forward_step under
+"""Training and evaluation of the tiny model: every forward is ``gpt.run_step`` (Bridge's forward_step under
 core's schedule), every update torch's Adam, so the tree on the import path is the only thing two arms differ in."""
 
 import torch
 
 from experiments.synthetic import ROLES
-from tests.support import tiny_mtp
-from tests.support.reference import mtp_ce_per_position, mtp_mask, top1_hits
+from tinymodel import gpt
+from tinymodel.reference import mtp_ce_per_position, mtp_mask, top1_hits
 
 
 def adam_steps(model, batches, lr: float, *, record=lambda step: False):
@@ -13,7 +13,7 @@ def adam_steps(model, batches, lr: float, *, record=lambda step: False):
     grads and logits."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for step, batch in enumerate(batches, start=1):
-        result = tiny_mtp.run_step(model, batch, record=record(step), iteration=step)
+        result = gpt.run_step(model, batch, record=record(step), iteration=step)
         optimizer.step()
         yield step, result
 
@@ -21,7 +21,7 @@ def adam_steps(model, batches, lr: float, *, record=lambda step: False):
 def pretrain(model, batches, lr: float) -> list[float]:
     """Adam on batches with an all-ones loss mask and no padding (where patched and unpatched agree); LM losses."""
     losses = [result.lm_loss for _, result in adam_steps(model, batches, lr)]
-    tiny_mtp.reset_mtp_tracker()  # what follows starts its own logging
+    gpt.reset_mtp_tracker()  # what follows starts its own logging
     return losses
 
 
@@ -53,8 +53,8 @@ def evaluate(model, batches, roles=ROLES) -> dict[str, float]:
 
     tracker = MTPLossLoggingHelper.tracker
     cumulative = {key: value.clone() for key, value in tracker.items() if key.startswith("cumulative_")}
-    result = tiny_mtp.run_step(model, batches, forward_only=True)
-    logged = tiny_mtp.logged_mtp_metrics(len(batches))
+    result = gpt.run_step(model, batches, forward_only=True)
+    logged = gpt.logged_mtp_metrics(len(batches))
     for key in [key for key in tracker if key.startswith("cumulative_")]:  # training's cumulative counts stay its own
         del tracker[key]
     tracker.update(cumulative)
@@ -118,9 +118,9 @@ def speculative(model, batches, new_tokens: int, roles=ROLES) -> dict[str, float
     return sums
 
 
-def _forward(model, tokens: torch.Tensor) -> tiny_mtp.Forward:
+def _forward(model, tokens: torch.Tensor) -> gpt.Forward:
     """One forward of token rows through Bridge's forward_step (labels: the next token; all ones mask)."""
     labels = torch.cat([tokens[:, 1:], tokens[:, -1:]], 1)
     batch = {"tokens": tokens, "labels": labels, "loss_mask": torch.ones(tokens.shape)}
-    (forward,) = tiny_mtp.run_step(model, batch, forward_only=True).forwards
+    (forward,) = gpt.run_step(model, batch, forward_only=True).forwards
     return forward

@@ -71,9 +71,15 @@ def run(args) -> tuple[str, Exit]:
     return make_branch(targets.checkout(args.checkout), check.candidates(), args.name), Exit.OK
 
 
-if __name__ == "__main__":
-    parser = cli.Parser(prog="./run branch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkout", help="the top of a Megatron-Bridge git checkout")
-    parser.add_argument("name", help="the new branch")
+def parser() -> cli.Parser:
+    parser = cli.Parser(
+        prog="./run branch", description="the patch as a signed-off commit on a new branch of a checkout"
+    )
+    parser.add_argument("checkout", metavar="CHECKOUT", help="the top of a Megatron-Bridge git checkout")
+    parser.add_argument("name", metavar="NAME", help="the new branch")
     parser.set_defaults(func=run)
-    cli.main(parser=parser)
+    return parser
+
+
+if __name__ == "__main__":
+    cli.main(parser=parser())

@@ -9,13 +9,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from maintain.repo import release
 from mtp_mask_fix import cli, targets
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.journal import write_atomic
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE, PATCHES
-from mtp_mask_fix.targets import Target, release
+from mtp_mask_fix.targets import Target
 
 
 LINES = {"0.2-0.5": "0.5.1"}  # each backport's folder under patches/, and the line's newest release it fits
@@ -59,7 +60,7 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
     if python:
         # Imported here, as cli imports gate: at module level its pytest import would widen the start-up window in
         # which a Ctrl-C, arriving before cli.main's Guard, prints a traceback.
-        from mtp_mask_fix.gate import Verdict, checkout_row, evaluate
+        from maintain.gate import Verdict, checkout_row, evaluate
 
         row = checkout_row(upstream, Patch.parse(old.path, text), rev=f"{rev}^1")
         evaluate([row], python)
@@ -117,13 +118,19 @@ def run(args) -> tuple[str, Exit]:
 
 def parser() -> cli.Parser:
     """`./run refresh`'s options; its refusals are the tool's (one line, the same exit codes)."""
-    parser = cli.Parser(prog="./run refresh", description=__doc__.split("\n\n")[0])
+    parser = cli.Parser(
+        prog="./run refresh", description="rewrite patches/ from the patch's commit in an upstream checkout"
+    )
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--upstream", type=Path, help="the Megatron-Bridge git checkout holding the commit")
+    which.add_argument(
+        "--upstream", metavar="DIR", type=Path, help="the Megatron-Bridge git checkout holding the commit"
+    )
     which.add_argument("--backports", action="store_true", help="derive each older line's patch from the first")
     parser.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
     parser.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
-    parser.add_argument("--python", default=sys.executable, help="an interpreter with the checkout's megatron-core")
+    parser.add_argument(
+        "--python", metavar="PY", default=sys.executable, help="an interpreter with the checkout's megatron-core"
+    )
     parser.set_defaults(func=run)
     return parser
 

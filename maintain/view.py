@@ -2,12 +2,12 @@
 importable as megatron.bridge; a symlink farm of the release where only gpt_step.py and the directories above it are
 real files."""
 
+from maintain.repo import VIEW, pins, release
+from maintain.trees import materialise
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import PACKAGE, VIEW
-from mtp_mask_fix.targets import pins, release
-from mtp_mask_fix.trees import materialise
+from mtp_mask_fix.paths import PACKAGE
 
 
 def view(args) -> tuple[str, Exit]:
@@ -17,7 +17,11 @@ def view(args) -> tuple[str, Exit]:
     return f"view: src/{PACKAGE} = {pinned.label} + patch (unpatched: {pinned.root.relative_to(VIEW.parent)})", Exit.OK
 
 
-if __name__ == "__main__":
-    parser = cli.Parser(prog="./run view", description=__doc__.split("\n\n")[0])
+def parser() -> cli.Parser:
+    parser = cli.Parser(prog="./run view", description="write src/: the pinned release + the patch (never edited)")
     parser.set_defaults(func=view)
-    cli.main(parser=parser)
+    return parser
+
+
+if __name__ == "__main__":
+    cli.main(parser=parser())

@@ -1,7 +1,6 @@
 """mtp-mask-fix: check, apply, verify and revert the Megatron-Bridge #6103 fix on any Megatron-Bridge.
 
-Each cmd_* returns what it prints and its exit code; gate and pr import their modules when run (a container needs
-neither)."""
+Each cmd_* returns what it prints and its exit code."""
 
 import argparse
 import os
@@ -13,14 +12,12 @@ from pathlib import Path
 from mtp_mask_fix import __version__, apply, check, journal, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.journal import WAIT, Lock
-from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import CHECKOUT, PACKAGE
+from mtp_mask_fix.paths import PACKAGE
 from mtp_mask_fix.signals import Guard, Interrupted
 from mtp_mask_fix.verify import verify
 
 
 TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree) or megatron/bridge (site-packages)"
-RELEASE = "a release version such as 0.6.2, or `latest`"
 
 
 class Parser(argparse.ArgumentParser):
@@ -37,11 +34,11 @@ def interpreter(python: str) -> str:
     return os.path.abspath(found)
 
 
-def _target(args, python: str, releases: bool = True) -> targets.Target:
+def _target(args, python: str) -> targets.Target:
     """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found), named as
     it would be: an editable install's checkout, not its src/."""
     if args.target is not None:
-        return targets.resolve(args.target, releases=releases)
+        return targets.resolve(args.target)
     # Not the cwd's (what trains runs elsewhere), unless PYTHONPATH names it: then it imports it wherever it runs.
     code = "import os, sys, importlib.util as u; named = os.environ.get('PYTHONPATH', '').split(os.pathsep); "
     code += "sys.path = [p for p in sys.path if p and (p != os.getcwd() or p in named)]; "
@@ -70,12 +67,12 @@ def cmd_check(args) -> tuple[str, Exit]:
 
 def cmd_apply(args) -> tuple[str, Exit]:
     python = interpreter(args.python)
-    target, patches = _target(args, python, releases=False), check.candidates(args.patch)
+    target, patches = _target(args, python), check.candidates(args.patch)
     return apply.apply(target, patches, python=None if args.no_verify else python, wait=args.wait)
 
 
 def cmd_revert(args) -> tuple[str, Exit]:
-    target = _target(args, interpreter(args.python), releases=False)
+    target = _target(args, interpreter(args.python))
     return apply.revert(target, check.candidates(args.patch), wait=args.wait)
 
 
@@ -91,26 +88,6 @@ def cmd_verify(args) -> tuple[str, Exit]:
     return f"{target.label}: verified with {python}: {reason}", Exit.OK
 
 
-def cmd_gate(args) -> tuple[str, Exit]:
-    if args.checkouts_only and not args.checkout:
-        raise ToolError("--checkouts-only needs at least one --checkout DIR")
-    if not (CHECKOUT or args.checkouts_only):  # an installed tool has neither the pin nor tests/unit_tests
-        raise ToolError(
-            "gate runs this repo's tests/unit_tests on a release: `./run gate` in a clone of this repo; installed, "
-            "it gates upstream checkouts with their own tests (--checkout DIR --checkouts-only)"
-        )
-    python = interpreter(args.python)
-    checkouts = [targets.checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
-    for where in dict.fromkeys([sys.executable, python]):  # this process imports it too
-        if subprocess.run([where, "-c", "import pytest"], capture_output=True).returncode != 0:
-            raise ToolError(f"gate runs pytest, which {where} cannot import: pip install pytest")
-    from mtp_mask_fix import gate
-
-    versions = [] if args.checkouts_only else args.release or [targets.pins()["megatron-bridge"], "latest"]
-    releases = {target.root: target for target in map(targets.release, versions)}  # `latest` may be the pin
-    return gate.gate([*releases.values(), *checkouts], check.candidates(args.patch), python)
-
-
 def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates(args.patch)  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
@@ -118,12 +95,6 @@ def cmd_status(args) -> tuple[str, Exit]:
     with _read(target):
         verdict = check.check(target, patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
-
-
-def cmd_pr(args) -> tuple[str, Exit]:
-    from mtp_mask_fix import pr
-
-    return pr.render(Patch.load(args.patch), args.co_author), Exit.OK
 
 
 def seconds(text: str) -> float:
@@ -152,31 +123,24 @@ def build_parser() -> argparse.ArgumentParser:
     def command(func, help, target=None, python=None):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
         p.set_defaults(func=func)
-        p.add_argument("--patch", dest="patch_after", type=Path, help=patch)  # before the command or after it
+        p.add_argument("--patch", dest="patch_after", metavar="PATCH", type=Path, help=patch)  # before or after it
         if target:
-            p.add_argument("target", nargs="?", help=f"{TARGET}, or {target}")
+            p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; {target}")
         if python:
-            p.add_argument("--python", default=sys.executable, help=python)
+            p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
         return p
 
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
     reads = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
-    tests = "an interpreter whose megatron-core matches the targets (e.g. main's), for their tests"
-    imported = f"{RELEASE} (default: the Megatron-Bridge that --python imports)"
+    imported = "default: the Megatron-Bridge that --python imports"
     wait = f"seconds to wait while another mtp-mask-fix process writes TARGET (default {WAIT:.0f})"
     command(cmd_check, "applies / already applied (or fixed another way) / drifted", imported, reads)
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", imported, trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
-    p.add_argument("--wait", type=seconds, default=WAIT, help=wait)
+    p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
     p = command(cmd_revert, "take the patch out again (all or nothing): the release's own files", imported, reads)
-    p.add_argument("--wait", type=seconds, default=WAIT, help=wait)
+    p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", imported, trains)
-    p = command(cmd_gate, "red/green on base and patched trees of each target; non-zero unless it holds", None, tests)
-    p.add_argument("--release", action="append", help=f"{RELEASE}; repeatable (default: the pin and `latest`)")
-    p.add_argument("--checkout", action="append", type=Path, default=[], help="also gate an upstream checkout (HEAD)")
-    p.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
-    p = command(cmd_pr, "print the review of #6105 and the fallback PR body, from this patch's gated red/green")
-    p.add_argument("--co-author", help='"Name <email>" as on #6105\'s commits (pull/6105.patch), credited')
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", imported, reads)
     return parser
 

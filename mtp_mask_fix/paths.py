@@ -1,19 +1,13 @@
-"""Every path and name the tool and its tests share, stated once."""
+"""Every path and name of Megatron-Bridge and of the patch that the tool and its tests share, stated once."""
 
 import importlib.resources
 import os
 from pathlib import Path
 
 
-REPO = Path(__file__).resolve().parents[1]  # this repo's checkout (what gate runs, pr reads, maintain/ writes)
 # The patch files travel as package data: mtp_mask_fix/patches is a link to patches/ in a checkout and a copy of it
 # in an installed tool (pyproject's package-data), so both read them from the package.
 PATCHES = Path(str(importlib.resources.files("mtp_mask_fix") / "patches"))
-CHECKOUT = (REPO / "pyproject.toml").is_file() and (REPO / "patches").is_dir()  # not an installed tool
-# Downloads and outputs: .work/ in a checkout (git-ignored), the user's cache for an installed tool.
-WORK = REPO / ".work" if CHECKOUT else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "mtp-mask-fix"
-VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
-PINS = REPO / "requirements" / "megatron.txt"  # the pinned release and this environment's megatron-core
 
 PACKAGE = "megatron/bridge"
 GPT_STEP = f"{PACKAGE}/training/gpt_step.py"  # the one upstream source file the patch changes, in a package tree

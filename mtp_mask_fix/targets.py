@@ -1,21 +1,16 @@
-"""What a TARGET names: a git checkout, a source tree, an installed package directory, or a PyPI release."""
+"""What a TARGET names: a git checkout, a source tree, or an installed package directory."""
 
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PINS, WORK
+from mtp_mask_fix.paths import GPT_STEP, PACKAGE
 
 
-Kind = Enum("Kind", "CHECKOUT TREE INSTALLED RELEASE")  # the shapes a TARGET can take
+Kind = Enum("Kind", "CHECKOUT TREE INSTALLED")  # the shapes a TARGET can take
 
 
 @dataclass(frozen=True)
@@ -49,25 +44,15 @@ class Target:
         return ".".join(m.group(1) for m in found) + (pre.group(1) if pre else "") if all(found) else ""
 
 
-def pins() -> dict[str, str]:
-    """requirements/megatron.txt: the pinned release every default refers to, and this environment's megatron-core."""
-    lines = [line.replace(" ", "") for line in PINS.read_text().splitlines()]
-    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
-
-
-def resolve(spec: str, *, releases: bool = True) -> Target:
-    """TARGET as the user wrote it: a directory, or (`releases`) a version or `latest`."""
-    what = "(a TARGET is a directory, a version or `latest`)"
+def resolve(spec: str) -> Target:
+    """TARGET as the user wrote it: a directory."""
+    what = "(a TARGET is the directory of a Megatron-Bridge)"
     try:
         path = Path(spec).expanduser() if spec.strip() else None
     except RuntimeError as exc:  # ~user of no known user
         raise ToolError(f"{spec}: {exc}") from None
     if path is None:
         raise ToolError(f"an empty TARGET {what}")
-    if not path.exists() and (spec == "latest" or re.match(r"^\d+(\.\d+)+\S*$", spec)):
-        if not releases:
-            raise ToolError(f"{spec} is a release on the package index: apply to a checkout or an installed package")
-        return release(spec)
     if not path.is_dir():
         raise ToolError(f"{spec}: {'not a directory' if path.exists() else 'no such file or directory'} {what}")
     root = path.resolve()
@@ -95,39 +80,3 @@ def is_git_top(root: Path) -> bool:
     found = ["rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD^{commit}"]
     top = git(*found, cwd=root, check=False) if (root / ".git").exists() else None
     return bool(top) and top.returncode == 0 and Path(top.stdout.splitlines()[0]).resolve() == root
-
-
-def release(version: str) -> Target:
-    """Any release's wheel (`latest`: the newest, not yanked, not a pre-release), unpacked once into .work/pypi/."""
-    root = WORK / "pypi" / version
-    if version == "latest" or not (root / PACKAGE).is_dir():
-        root = _download(version)
-    latest = ", latest" if version == "latest" else ""
-    return Target(f"megatron-bridge=={root.name} (PyPI{latest})", root, Kind.RELEASE)
-
-
-def _download(version: str) -> Path:
-    """pip download of the wheel; its package and METADATA (the pins that choose the release's test environment)
-    unpacked into .work/pypi/<its version>/ unless already there, in one rename."""
-    (WORK / "pypi").mkdir(parents=True, exist_ok=True)
-    spec = "megatron-bridge" + ("" if version == "latest" else f"=={version}")
-    with tempfile.TemporaryDirectory(dir=WORK / "pypi") as tmp:
-        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", spec, "-d", tmp]
-        quiet = ["--disable-pip-version-check", "--ignore-requires-python"]
-        got = subprocess.run([*pip, *quiet], capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("megatron_bridge-*.whl"))
-        if got.returncode != 0 or not wheels:
-            reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1].removeprefix("ERROR: ")
-            raise ToolError(f"megatron-bridge {version}: not on the package index or not downloadable ({reason})")
-        root = WORK / "pypi" / wheels[0].name.split("-")[1]
-        with zipfile.ZipFile(wheels[0]) as wheel:
-            names = [n for n in wheel.namelist() if n.startswith("megatron/") or n.endswith(".dist-info/METADATA")]
-            if not (root / PACKAGE).is_dir():
-                wheel.extractall(Path(tmp) / "site", names)
-                shutil.move(str(Path(tmp) / "site"), root)
-    return root
-
-
-def metadata_file(root: Path) -> Path | None:
-    """A downloaded release's wheel METADATA (its Requires-Dist and Requires-Python), if unpacked."""
-    return next(iter(root.glob("*.dist-info/METADATA")), None)

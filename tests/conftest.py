@@ -1,4 +1,4 @@
-"""Every session records each test's outcome (mtp_mask_fix.redgreen), so that the red/green check can hold the
+"""Every session records each test's outcome (maintain.redgreen), so that the red/green check can hold the
 outcomes this session measured on the view against a session on the release as shipped, without running the view
 twice. The red/green and wrong-fix checks run last, after the tests whose outcomes they read; the sessions they need
 of other trees (red/green's base, the wrong-fix variants) depend on nothing this session does, so they start as soon
@@ -8,11 +8,10 @@ import compileall
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from mtp_mask_fix.paths import VIEW, WORK
-from mtp_mask_fix.targets import pins, release
+from maintain.repo import VIEW, WORK, pins, release
 
 
-pytest_plugins = ["mtp_mask_fix.redgreen"]
+pytest_plugins = ["maintain.redgreen", "tests.support.targets"]
 FIRST = "tests/tool/"
 LAST = ("tests/test_red_green.py", "tests/test_wrong_fixes.py")
 

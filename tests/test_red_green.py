@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.paths import PACKAGE, REPO, VIEW, WORK, is_gpt_step_of
-from mtp_mask_fix.redgreen import Job, Outcome, Run, problems, run_many
-from mtp_mask_fix.targets import pins, release
-from mtp_mask_fix.trees import materialise
+from maintain.redgreen import Job, Outcome, Run, problems, run_many
+from maintain.repo import REPO, VIEW, WORK, pins, release
+from maintain.trees import materialise
+from mtp_mask_fix.paths import PACKAGE, is_gpt_step_of
 from tests.support import sessions
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.paths import REPO
+from maintain.repo import REPO
 
 
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))

@@ -23,12 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.gate import checkout_row
+from maintain.gate import checkout_row
+from maintain.redgreen import Job, Outcome, run_many
+from maintain.repo import VIEW, WORK
+from maintain.trees import materialise
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST, VIEW, WORK
-from mtp_mask_fix.redgreen import Job, Outcome, run_many
+from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST
 from mtp_mask_fix.targets import checkout
-from mtp_mask_fix.trees import materialise
 from tests.support import sessions
 
 

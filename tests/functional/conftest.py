@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from mtp_mask_fix.paths import GPT_STEP
-from tests.support import cpu_runtime, worker
+from tinymodel import cpu_runtime, worker
 
 
 torch.set_num_threads(1)  # on this 2-core machine two threads were several times slower than one
 # Import the tree under test once, here, before anything runs, and fork the zygote every rank of it forks from: no
-# worker imports Megatron-Bridge again (tests/support/worker.py).
+# worker imports Megatron-Bridge again (tinymodel/worker.py).
 worker.start_zygote()
 
 

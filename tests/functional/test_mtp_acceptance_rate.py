@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from experiments import synthetic, training
-from tests.support import tiny_mtp
-from tests.support.reference import top1_hits
+from tinymodel import gpt
+from tinymodel.reference import top1_hits
 
 
 MTP_LAYERS = 2
@@ -29,13 +29,13 @@ TOL = 1e-6  # core's float32 percent, read back as a fraction
 @pytest.fixture(scope="module")
 def sft_steps(one_rank):
     """[(batch, StepResult)] of each SFT step (Adam after each), logits recorded."""
-    chain = synthetic.make_chain(tiny_mtp.VOCAB, seed=1)
+    chain = synthetic.make_chain(gpt.VOCAB, seed=1)
     gen = torch.Generator().manual_seed(7)
-    model = tiny_mtp.build_model(MTP_LAYERS)
-    pretraining = [synthetic.pretrain_batch(chain, tiny_mtp.VOCAB, BATCH, 32, gen) for _ in range(PRETRAIN_STEPS)]
+    model = gpt.build_model(MTP_LAYERS)
+    pretraining = [synthetic.pretrain_batch(chain, gpt.VOCAB, BATCH, 32, gen) for _ in range(PRETRAIN_STEPS)]
     training.pretrain(model, pretraining, PRETRAIN_LR)
     setting = synthetic.SftSetting("markov_prompts", random_prompts=False)
-    batches = [synthetic.sft_batch(chain, chain, setting, tiny_mtp.VOCAB, BATCH, gen) for _ in range(SFT_STEPS)]
+    batches = [synthetic.sft_batch(chain, chain, setting, gpt.VOCAB, BATCH, gen) for _ in range(SFT_STEPS)]
     steps = training.adam_steps(model, batches, SFT_LR, record=lambda step: True)
     return [(batch, result) for batch, (_, result) in zip(batches, steps)]
 

@@ -18,9 +18,9 @@ import pytest
 
 from experiments import effect
 from experiments import figures as cited
-from mtp_mask_fix.paths import REPO, WORK, is_gpt_step_of
-from mtp_mask_fix.targets import pins, release
-from tests.support import worker
+from maintain.repo import REPO, WORK, pins, release
+from mtp_mask_fix.paths import is_gpt_step_of
+from tinymodel import worker
 
 
 BASE = release(pins()["megatron-bridge"]).root
@@ -159,7 +159,7 @@ class TestEffectFigures:
         assert run.stdout == "[]\n"
 
     def test_the_figures_are_keyed_as_pr_keys_its_results(self):
-        from mtp_mask_fix import pr
+        from maintain import pr
         from mtp_mask_fix.patch import Patch
 
         assert cited.patch_key() == pr.patch_key(Patch.load())

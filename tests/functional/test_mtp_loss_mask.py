@@ -9,8 +9,8 @@ sample, label-aligned mask). The Megatron-Bridge under test is the tree first on
 import pytest
 import torch
 
-from tests.support import tiny_mtp
-from tests.support.reference import (
+from tinymodel import gpt
+from tinymodel.reference import (
     REL,
     changed_grads,
     mtp_ce_per_position,
@@ -19,7 +19,7 @@ from tests.support.reference import (
     perturb_masked_positions,
     reference_mtp_loss,
 )
-from tests.support.worker import Launch, start
+from tinymodel.worker import Launch, start
 
 
 MTP_DEPTHS = [(1, 1), (2, 1), (2, 2)]  # (mtp_num_layers, depth)
@@ -27,27 +27,27 @@ MTP_DEPTHS = [(1, 1), (2, 1), (2, 2)]  # (mtp_num_layers, depth)
 
 @pytest.fixture(scope="module")
 def models(one_rank):
-    return {k: tiny_mtp.build_model(k) for k in (0, 1, 2)}
+    return {k: gpt.build_model(k) for k in (0, 1, 2)}
 
 
 @pytest.fixture(scope="module")
 def batch():
-    return tiny_mtp.make_sft_batch()
+    return gpt.make_sft_batch()
 
 
 @pytest.fixture(scope="module")
 def perturbed(batch):
-    return perturb_masked_positions(batch, vocab=tiny_mtp.VOCAB)
+    return perturb_masked_positions(batch, vocab=gpt.VOCAB)
 
 
 @pytest.fixture(scope="module")
 def steps(models, batch):
-    return {k: tiny_mtp.run_step(model, batch) for k, model in models.items()}
+    return {k: gpt.run_step(model, batch) for k, model in models.items()}
 
 
 @pytest.fixture(scope="module")
 def perturbed_steps(models, perturbed):
-    return {k: tiny_mtp.run_step(model, perturbed) for k, model in models.items()}
+    return {k: gpt.run_step(model, perturbed) for k, model in models.items()}
 
 
 class TestBatchShape:
@@ -55,13 +55,13 @@ class TestBatchShape:
 
     def test_sft_batch_is_answer_only_and_label_aligned(self, batch):
         tokens, labels, mask = batch["tokens"], batch["labels"], batch["loss_mask"]
-        lengths = [p + a - 1 for p, a in tiny_mtp.SFT_SAMPLES]
+        lengths = [p + a - 1 for p, a in gpt.SFT_SAMPLES]
         assert tokens.shape[1] == max(lengths)
-        for row, ((prompt, answer), length) in enumerate(zip(tiny_mtp.SFT_SAMPLES, lengths)):
+        for row, ((prompt, answer), length) in enumerate(zip(gpt.SFT_SAMPLES, lengths)):
             assert 2 <= answer <= 5 and mask[row].sum() == answer
             assert torch.equal(labels[row, : length - 1], tokens[row, 1:length])  # labels = tokens shifted by one
             assert mask[row].nonzero().flatten().tolist() == list(range(prompt - 1, prompt - 1 + answer))
-            assert (tokens[row, length:] == tiny_mtp.PAD).all() and (labels[row, length - 1 :] == tiny_mtp.PAD).all()
+            assert (tokens[row, length:] == gpt.PAD).all() and (labels[row, length - 1 :] == gpt.PAD).all()
 
     def test_perturbation_touches_only_masked_labels_and_tokens_after_the_answer(self, batch, perturbed):
         mask = batch["loss_mask"].bool()

@@ -9,9 +9,9 @@ losses, and the gradients the aux loss cannot reach).
 
 import pytest
 
-from tests.support import moe
-from tests.support.reference import REL, changed_grads, reference_mtp_loss
-from tests.support.worker import launch
+from tinymodel import moe
+from tinymodel.reference import REL, changed_grads, reference_mtp_loss
+from tinymodel.worker import launch
 
 
 AUX = [pytest.param(0.0, id="aux_off"), pytest.param(moe.AUX_LOSS_COEFF, id="aux_on")]

@@ -9,14 +9,14 @@ stepped in this process.
 import pytest
 import torch
 
-from tests.support import pipeline, tiny_mtp
-from tests.support.reference import (
+from tinymodel import gpt, pipeline
+from tinymodel.reference import (
     REL,
     changed_grads,
     masked_ce,
     reference_mtp_loss,
 )
-from tests.support.worker import Launch, start
+from tinymodel.worker import Launch, start
 
 
 # The first stage's word-embedding grad is summed with the last stage's copy in another order than in the 1-rank
@@ -44,8 +44,8 @@ def last_stage(stages):
 @pytest.fixture(scope="module")
 def one_rank_run(one_rank):
     """The unsplit model, built the same way, stepped on the same micro-batches in this process."""
-    model = tiny_mtp.build_model(1)
-    return {"weights": tiny_mtp.weights_sha256(model), "step": tiny_mtp.run_step(model, pipeline.micro_batches())}
+    model = gpt.build_model(1)
+    return {"weights": gpt.weights_sha256(model), "step": gpt.run_step(model, pipeline.micro_batches())}
 
 
 def _masked_mean_over_micro_batches(step, depth: int, mask_offset: int = 0) -> float:

@@ -1,9 +1,9 @@
 """The suite's background pytest sessions (red/green's base, the wrong-fix variants), batched into one
-`mtp_mask_fix.redgreen.run_many` call: one warm process imports the third-party stack once and forks every session,
+`maintain.redgreen.run_many` call: one warm process imports the third-party stack once and forks every session,
 two at a time, instead of one warm process per module. Modules add their jobs in `start_early`; tests/conftest.py
 starts the batch once every module has added its own."""
 
-from mtp_mask_fix.redgreen import Job, run_many
+from maintain.redgreen import Job, run_many
 
 
 class Batch:

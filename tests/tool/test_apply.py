@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from unidiff import PatchSet
 
+from maintain.repo import release as release_target
 from mtp_mask_fix.journal import JOURNAL
-from mtp_mask_fix.targets import release as release_target
 
-from .conftest import (
+from tests.support.targets import (
     BACKPORT_FILE,
     CONTEXT,
     EQUIVALENT_FIX,

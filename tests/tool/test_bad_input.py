@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from mtp_mask_fix.paths import PATCHES, WORK
+from maintain.repo import WORK
+from mtp_mask_fix.paths import PATCHES
 
-from .conftest import PINNED, UPSTREAM_TEST
+from tests.support.targets import PINNED, UPSTREAM_TEST
 
 
 REGION_EDIT = ('        "attention_mask": attention_mask,\n', '        "attention_mask": attention_mask,  # local\n')

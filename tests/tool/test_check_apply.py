@@ -11,7 +11,7 @@ from unidiff import PatchSet
 
 from mtp_mask_fix.check import fix_present
 
-from .conftest import (
+from tests.support.targets import (
     BACKPORT_FILE,
     CONTEXT,
     EQUIVALENT_FIX,
@@ -307,7 +307,7 @@ class TestReleaseLines:
 
 @pytest.fixture
 def release_root():
-    from mtp_mask_fix.targets import release
+    from maintain.repo import release
 
     return lambda version: release(version).root
 
@@ -334,7 +334,7 @@ class TestReleaseEnvironments:
     """Each release's tests run with the megatron-core its submodule pins and the transformers its wheel declares."""
 
     def test_pinned_release_uses_this_environment(self):
-        from tests.support.envs import spec
+        from maintain.envs import spec
 
         assert spec(PINNED)[0] == ""
 
@@ -347,16 +347,16 @@ class TestReleaseEnvironments:
         ],
     )
     def test_older_lines_get_their_own(self, version, key):
-        from tests.support.envs import spec
+        from maintain.envs import spec
 
         assert spec(version)[0] == key
 
     @pytest.fixture
     def upstream_checkout(self, git, tmp_path, monkeypatch):
         """A scratch Megatron-Bridge checkout: (bridge, its submodule, the pinned commit); .work/src in tmp_path."""
-        import tests.support.envs
+        import maintain.envs
 
-        monkeypatch.setattr(tests.support.envs, "WORK", tmp_path / "work")
+        monkeypatch.setattr(maintain.envs, "WORK", tmp_path / "work")
         lm, bridge = tmp_path / "lm", tmp_path / "bridge"
         (lm / "megatron" / "core").mkdir(parents=True)
         (lm / "megatron" / "core" / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\n")
@@ -377,7 +377,7 @@ class TestReleaseEnvironments:
         """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from the commit DIR
         pins, unpacked from git (not the submodule's working tree, where pip would build in place), and keeps the
         transformers pin through its extras."""
-        from tests.support.envs import checkout_spec
+        from maintain.envs import checkout_spec
 
         bridge, source, commit = upstream_checkout
         (source / "megatron" / "core" / "uncommitted.py").write_text("")  # a local edit
@@ -401,8 +401,8 @@ class TestReleaseEnvironments:
     def test_an_upstream_checkout_off_its_pinned_core_is_refused(self, upstream_checkout, git, state):
         """Only the commit HEAD pins will do: the submodule moved on, or moved and staged (`git submodule status`
         would call that clean, as it compares with the index), or absent."""
+        from maintain.envs import checkout_spec
         from mtp_mask_fix.errors import ToolError
-        from tests.support.envs import checkout_spec
 
         bridge, source, _ = upstream_checkout
         if state == "not checked out":
@@ -425,8 +425,8 @@ class TestReleaseEnvironments:
         ],
     )
     def test_a_broken_upstream_checkout_is_one_line(self, upstream_checkout, git, breakage, reason):
+        from maintain.envs import checkout_spec
         from mtp_mask_fix.errors import ToolError
-        from tests.support.envs import checkout_spec
 
         bridge, source, _ = upstream_checkout
         info = source / "megatron" / "core" / "package_info.py"
@@ -444,11 +444,11 @@ class TestReleaseEnvironments:
 
     def test_a_mistyped_checkout_is_no_such_directory(self, tmp_path):
         """A path that is not a directory must not read as a release version ("not on the package index")."""
-        from mtp_mask_fix.paths import REPO
+        from maintain.repo import REPO
 
         typo = tmp_path / "Megatron-Brigde"
         done = subprocess.run(
-            [sys.executable, "-m", "tests.support.envs", str(typo)], cwd=REPO, capture_output=True, text=True
+            [sys.executable, "-m", "maintain.envs", str(typo)], cwd=REPO, capture_output=True, text=True
         )
         assert (done.returncode, done.stdout, done.stderr) == (
             2,
@@ -460,7 +460,7 @@ class TestReleaseEnvironments:
     def test_the_nightly_upstream_tests_cannot_skip(self, required):
         """Without MTP_UPSTREAM_CHECKOUT the tests in upstream's file skip, unless MTP_UPSTREAM_REQUIRED=1, which the
         nightly job that runs them sets: there a skip would pass having tested nothing."""
-        from mtp_mask_fix.paths import REPO
+        from maintain.repo import REPO
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_UPSTREAM_")}
         env.update(MTP_UPSTREAM_REQUIRED=required, MTP_UPSTREAM_PYTHON=sys.executable)  # the interpreter: no skip
@@ -483,7 +483,7 @@ class TestReleaseEnvironments:
     def test_lines_toml_is_each_tags_submodule(self):
         import tomllib
 
-        from mtp_mask_fix.paths import REPO
+        from maintain.repo import REPO
 
         table = tomllib.loads((REPO / "requirements" / "lines.toml").read_text())["megatron-core"]
         bridge, lm = os.environ["MEGATRON_BRIDGE_GIT"], os.environ["MEGATRON_LM_GIT"]

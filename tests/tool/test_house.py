@@ -7,8 +7,8 @@ from graphlib import CycleError, TopologicalSorter
 
 import pytest
 
+from maintain.repo import REPO
 from mtp_mask_fix.errors import exit_table
-from mtp_mask_fix.paths import REPO
 
 
 TOOL = REPO / "mtp_mask_fix"

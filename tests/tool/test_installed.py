@@ -12,7 +12,7 @@ import pytest
 
 from mtp_mask_fix import __version__
 
-from .conftest import PATCH_FILE, PINNED, verdict
+from tests.support.targets import PATCH_FILE, PINNED, verdict
 
 
 class TestEntryPoints:
@@ -54,7 +54,7 @@ def _python312() -> str | None:
 def installed_tool():
     """A Python 3.12 venv (cached in .work/py312-tool) with this checkout pip-installed, not editable, and the pinned
     release's wheel installed --no-deps (no torch: the tool needs none to check and apply). Reinstalled each session."""
-    from mtp_mask_fix.paths import REPO, WORK
+    from maintain.repo import REPO, WORK
 
     python = _python312()
     if python is None:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from maintain.repo import REPO, VIEW
 from mtp_mask_fix.git import apply_diff
 from mtp_mask_fix.patch import Patch, series
-from mtp_mask_fix.paths import PATCHES, REPO, VIEW
+from mtp_mask_fix.paths import PATCHES
 
-from .conftest import FIXED, UPSTREAM_TEST
+from tests.support.targets import FIXED, UPSTREAM_TEST
 
 
 RUFF = Path(sys.executable).parent / "ruff"

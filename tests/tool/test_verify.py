@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.paths import GPT_STEP, REPO, WORK
-from mtp_mask_fix.targets import release as release_target
-from mtp_mask_fix.trees import materialise
+from maintain.repo import REPO, WORK
+from maintain.repo import release as release_target
+from maintain.trees import materialise
+from mtp_mask_fix.paths import GPT_STEP
 
-from .conftest import BACKPORT_FILE, EQUIVALENT_FIX, LABELS, PATCH_FILE, PINNED, digests, fake_python, verdict
+from tests.support.targets import BACKPORT_FILE, EQUIVALENT_FIX, LABELS, PATCH_FILE, PINNED, digests, fake_python, verdict
 
 
 # The pinned line and one before 0.6 on every push; the nightly job names every line (MTP_RELEASE_LINES) and, with

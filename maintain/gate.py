@@ -1,5 +1,5 @@
-"""gate: each target's state, then red/green on its base, patched and leave-one-source-hunk-out trees; a verdict table,
-non-zero unless the patch holds. A release runs this repo's tests/unit_tests; an upstream checkout, SWE-bench style,
+"""`./run gate`: each target's state, then red/green on its base, patched and leave-one-source-hunk-out trees; a verdict
+table, non-zero unless the patch holds. A release runs this repo's tests/unit_tests; an upstream checkout, SWE-bench style,
 upstream's test files that the patch changes (its base tree gets the patch's test part, its patched tree all)."""
 
 import ast
@@ -13,15 +13,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from mtp_mask_fix import pr
-from mtp_mask_fix.check import State, check
+from maintain import pr
+from maintain.redgreen import Job, Outcome, Run, problems, run_many
+from maintain.repo import REPO, WORK, pins, release
+from maintain.trees import materialise
+from mtp_mask_fix import cli
+from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.git import git
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import WORK
-from mtp_mask_fix.redgreen import Job, Outcome, Run, problems, run_many
-from mtp_mask_fix.targets import Kind, Target
-from mtp_mask_fix.trees import materialise
+from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.targets import Kind, Target, checkout
 
 
 class Verdict(Enum):
@@ -189,3 +191,67 @@ def gate(targets: list[Target], patches: list[Patch], python: str = sys.executab
         lines += [f"    {note}" for note in row.notes]
     lines += [f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s"]
     return "\n".join(lines), max(row.verdict.value[1] for row in rows)  # exit codes grow with severity
+
+
+def environment(target: Target) -> str:
+    """The interpreter of a release's own environment: the megatron-core and transformers it declares (`./run python
+    VERSION`, which builds it on first use)."""
+    done = subprocess.run([REPO / "run", "python", target.root.name], stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise ToolError(
+            f"no environment for {target.label} (`./run python {target.root.name}` failed above)", done.returncode
+        )
+    return done.stdout.strip()
+
+
+def run(args) -> tuple[str, Exit]:
+    """What `./run gate ARGS` prints, and its exit code: each release in its own environment unless --python names
+    one for all, upstream checkouts with --python (by default this interpreter)."""
+    if args.checkouts_only and not args.checkout:
+        raise ToolError("--checkouts-only needs at least one --checkout DIR")
+    python = cli.interpreter(args.python) if args.python else None
+    checkouts = [checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
+    versions = [] if args.checkouts_only else args.release or [pins()["megatron-bridge"], "latest"]
+    releases = {target.root: target for target in map(release, versions)}.values()  # `latest` may be the pin
+    groups: dict[str, list[Target]] = {}
+    for target in releases:
+        groups.setdefault(python or environment(target), []).append(target)
+    if checkouts:
+        groups.setdefault(python or sys.executable, []).extend(checkouts)
+    for where in dict.fromkeys([sys.executable, *groups]):  # this process imports it too
+        if subprocess.run([where, "-c", "import pytest"], capture_output=True).returncode != 0:
+            raise ToolError(f"gate runs pytest, which {where} cannot import: pip install pytest")
+    done = [gate(targets, candidates(args.patch), where) for where, targets in groups.items()]
+    return "\n".join(text for text, _ in done), max(code for _, code in done)  # exit codes grow with severity
+
+
+def parser() -> cli.Parser:
+    said = "red/green of the patch on each release and upstream checkout; non-zero unless it holds"
+    parser = cli.Parser(prog="./run gate", description=said)
+    parser.add_argument(
+        "--release",
+        metavar="VERSION",
+        action="append",
+        help="a release version or `latest`; repeatable (default: the pin and `latest`)",
+    )
+    parser.add_argument(
+        "--checkout",
+        metavar="DIR",
+        action="append",
+        type=Path,
+        default=[],
+        help="also gate an upstream checkout (HEAD)",
+    )
+    parser.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
+    parser.add_argument(
+        "--python",
+        metavar="PY",
+        help="one interpreter for every target (default: each release's own environment; this one for checkouts)",
+    )
+    parser.add_argument("--patch", type=Path, help="the patch to gate (default: the first in patches/series)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+if __name__ == "__main__":
+    cli.main(parser=parser())

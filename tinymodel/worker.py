@@ -1,7 +1,7 @@
 """Workers for the tiny model: MODE on one or several ranks (gloo), each rank forked from a process that imported the
 tree under test once.
 
-    PYTHONPATH=TREE:REPO python -m tests.support.worker MODE --ranks 2 --out DIR
+    PYTHONPATH=TREE:REPO python -m tinymodel.worker MODE --ranks 2 --out DIR
 
 Each rank saves what MODE returns to DIR/rank<r>.pt: raw measurements only; the tests make every assertion.
 TREE (first on the import path) is the Megatron-Bridge under test. ``launch`` / ``launch_all`` run workers and wait;
@@ -33,9 +33,10 @@ from pathlib import Path
 
 import torch
 
-from mtp_mask_fix.paths import GPT_STEP_MODULE, REPO
-from tests.support import cpu_runtime, tiny_mtp
-from tests.support.reference import mtp_ce_per_position, mtp_mask, mtp_positions, perturb_masked_positions
+from maintain.repo import REPO
+from mtp_mask_fix.paths import GPT_STEP_MODULE
+from tinymodel import cpu_runtime, gpt
+from tinymodel.reference import mtp_ce_per_position, mtp_mask, mtp_positions, perturb_masked_positions
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class Started:
     """Worker runs under way, all at once (``start``); ``wait()`` for each run's per-rank payloads.
 
     A run of the tree this process imports forks its ranks from a forkserver that has imported it once (ranks()); a
-    run of another tree is a process of its own (`python -m tests.support.worker`) that does the same there.
+    run of another tree is a process of its own (`python -m tinymodel.worker`) that does the same there.
     """
 
     def __init__(self, runs: list[Launch], timeout: float = 600):
@@ -78,7 +79,7 @@ class Started:
             else:
                 log = open(run.out / "worker.log", "w")
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(run.tree), str(REPO)]))
-                command = [sys.executable, "-m", "tests.support.worker", *run.argv()]
+                command = [sys.executable, "-m", "tinymodel.worker", *run.argv()]
                 proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 self._handles.append((proc, log))
 
@@ -137,7 +138,7 @@ def ranks(world: int, argv: list[str]):
     rank. Returns torch's ProcessContext: join() raises with a failed rank's traceback."""
     import torch.multiprocessing as mp
 
-    mp.set_forkserver_preload(["tests.support.worker", GPT_STEP_MODULE])
+    mp.set_forkserver_preload(["tinymodel.worker", GPT_STEP_MODULE])
     return mp.start_processes(_rank, (world, _free_port(), argv), nprocs=world, join=False, start_method="forkserver")
 
 
@@ -150,7 +151,7 @@ def _free_port() -> int:
 # ---------------------------------------------------------------- the zygote (a test session's own tree)
 
 ZYGOTE = None  # this session's Zygote, once tests/functional/conftest.py has made it
-PRELOAD = ("tests.support.pipeline", "tests.support.moe", "experiments.effect_arm")  # what the modes import lazily
+PRELOAD = ("tinymodel.pipeline", "tinymodel.moe", "experiments.effect_arm")  # what the modes import lazily
 
 
 def start_zygote() -> None:
@@ -324,14 +325,14 @@ def suite(args) -> dict:
     """Tensor parallel = world size: one step on the SFT batch and one on the batch with masked positions perturbed,
     for 1 and 2 MTP layers."""
     cpu_runtime.init_distributed(tensor_parallel=_world())
-    batch = tiny_mtp.make_sft_batch()
-    perturbed = perturb_masked_positions(batch, vocab=tiny_mtp.VOCAB)
+    batch = gpt.make_sft_batch()
+    perturbed = perturb_masked_positions(batch, vocab=gpt.VOCAB)
     results = {"batch": batch, "perturbed": perturbed, "tensor_parallel": _world()}
     for mtp_num_layers in (1, 2):
-        model = tiny_mtp.build_model(mtp_num_layers)
+        model = gpt.build_model(mtp_num_layers)
         results[mtp_num_layers] = {
-            "step": tiny_mtp.run_step(model, batch),
-            "perturbed": tiny_mtp.run_step(model, perturbed),
+            "step": gpt.run_step(model, batch),
+            "perturbed": gpt.run_step(model, perturbed),
         }
     return results
 
@@ -339,9 +340,9 @@ def suite(args) -> dict:
 def repro(args) -> dict:
     """One step of the mtp_num_layers=1 model on the SFT batch, with per-position MTP data for the figure."""
     cpu_runtime.init_distributed(tensor_parallel=_world())
-    batch = tiny_mtp.make_sft_batch()
-    model = tiny_mtp.build_model(1)
-    step = tiny_mtp.run_step(model, batch)
+    batch = gpt.make_sft_batch()
+    model = gpt.build_model(1)
+    step = gpt.run_step(model, batch)
     seq = batch["labels"].shape[1]
     return {
         "step": step,
@@ -357,26 +358,26 @@ def repro(args) -> dict:
 def bench(args) -> dict:
     """Forward+backward step times of the mtp_num_layers=1 model (after 3 warm-up steps)."""
     cpu_runtime.init_distributed(tensor_parallel=_world())
-    model = tiny_mtp.build_model(1)
-    batch = tiny_mtp.make_sft_batch()
+    model = gpt.build_model(1)
+    batch = gpt.make_sft_batch()
     times = []
     for _ in range(args.steps + 3):
         start = time.perf_counter()
-        tiny_mtp.run_step(model, batch, record=False)
+        gpt.run_step(model, batch, record=False)
         times.append(time.perf_counter() - start)
     return {"steps": args.steps, "median_step_s": statistics.median(times[3:])}
 
 
 def pipeline(args) -> dict:
     """PP = world size vs the same model unpipelined (see pipeline)."""
-    from tests.support.pipeline import measure
+    from tinymodel.pipeline import measure
 
     return measure(_world())
 
 
 def expert_parallel(args) -> dict:
     """MoE with EP = world size, every dispatcher and aux-loss case (see moe)."""
-    from tests.support.moe import CASES, measure
+    from tinymodel.moe import CASES, measure
 
     return measure(_world(), CASES)
 

@@ -3,7 +3,7 @@
 checkout: the megatron-core of the commit its HEAD pins for its submodule (PyPI has no core for upstream main), built
 from that commit's content, and the transformers its pyproject.toml declares.
 
-`python -m tests.support.envs VERSION|CHECKOUT` prints one line, tab-separated, for ./run: the environment's key (empty
+`python -m maintain.envs VERSION|CHECKOUT` prints one line, tab-separated, for ./run: the environment's key (empty
 for the pinned release, whose environment is .venv itself), then the pip requirements that make it from
 requirements/cpu.lock. Releases that share a megatron-core and a transformers requirement share one environment
 (.work/envs/<key>); a checkout's key names its submodule's commit.
@@ -18,10 +18,9 @@ import tomllib
 from email.parser import Parser
 from pathlib import Path
 
+from maintain.repo import REPO, WORK, metadata_file, pins, release
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import REPO, WORK
-from mtp_mask_fix.targets import metadata_file, pins, release
 
 
 def requirement(version: str, name: str) -> str:

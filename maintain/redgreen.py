@@ -1,5 +1,5 @@
 """Red/green: the contract (Outcome, Run, problems), and the runner and pytest plugin that measure it. `run_many`
-starts `python -m mtp_mask_fix.redgreen` in the interpreter under test: it imports the third-party stack and the first
+starts `python -m maintain.redgreen` in the interpreter under test: it imports the third-party stack and the first
 tree's megatron.bridge once (never gpt_step), then forks a session per job, its tree first on the import path and this
 module its plugin. A session keeps that megatron.bridge only if each of its modules is the same file in its own tree."""
 
@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from maintain.repo import REPO
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.paths import GPT_STEP_MODULE, REPO, is_gpt_step_of
+from mtp_mask_fix.paths import GPT_STEP_MODULE, is_gpt_step_of
 
 
-PYTEST = ("-p", "mtp_mask_fix.redgreen", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--strict-markers")
+PYTEST = ("-p", "maintain.redgreen", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--strict-markers")
 # What every session under test imports before megatron.bridge, whatever the tree: imported once, before the fork.
 WARM = ("megatron.core", "megatron.training", "modelopt.torch.distill", "transformers")
 
@@ -87,7 +88,7 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
     with tempfile.TemporaryDirectory() as tmp:
         specs = [(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd)) for i, job in enumerate(jobs)]
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        runner = [python, "-m", "mtp_mask_fix.redgreen"]  # reads the specs as JSON on stdin
+        runner = [python, "-m", "maintain.redgreen"]  # reads the specs as JSON on stdin
         done = subprocess.run(runner, input=json.dumps(specs), capture_output=True, text=True, env=env)
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["?"])[-1]

@@ -12,7 +12,7 @@ from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.targets import checkout as checkout_target
 
-from .conftest import FIXED, SUBMITTER, UPSTREAM_TEST
+from tests.support.targets import FIXED, SUBMITTER, UPSTREAM_TEST
 
 
 def _changed_lines(patch: Patch) -> list[tuple[str, str]]:

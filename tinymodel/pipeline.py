@@ -8,8 +8,8 @@ reports their hash, so a test can check its own 1-rank run starts from the same 
 
 import torch
 
-from tests.support import cpu_runtime, tiny_mtp
-from tests.support.reference import perturb_masked_positions
+from tinymodel import cpu_runtime, gpt
+from tinymodel.reference import perturb_masked_positions
 
 
 SEQ = 24  # every micro-batch padded to the schedule's one sequence length
@@ -18,12 +18,12 @@ MICRO_BATCHES = (((10, 3), (17, 5)), ((6, 2), (12, 4)))  # (prompt, answer) per 
 
 def micro_batches() -> list[dict[str, torch.Tensor]]:
     """The two answer-only SFT micro-batches every pipeline run steps."""
-    return [tiny_mtp.make_sft_batch(samples, seed=i, seq=SEQ) for i, samples in enumerate(MICRO_BATCHES)]
+    return [gpt.make_sft_batch(samples, seed=i, seq=SEQ) for i, samples in enumerate(MICRO_BATCHES)]
 
 
 def perturbed_micro_batches() -> list[dict[str, torch.Tensor]]:
     """The same micro-batches with every masked label and every token after each answer changed."""
-    return [perturb_masked_positions(b, vocab=tiny_mtp.VOCAB, seed=10 + i) for i, b in enumerate(micro_batches())]
+    return [perturb_masked_positions(b, vocab=gpt.VOCAB, seed=10 + i) for i, b in enumerate(micro_batches())]
 
 
 def full_model_name(name: str, stage: int, layers_per_stage: int) -> str:
@@ -40,13 +40,13 @@ def measure(pipeline_parallel: int) -> dict:
     from megatron.core import parallel_state
 
     cpu_runtime.init_distributed()
-    full = tiny_mtp.build_model(1)
-    full_state, full_hash = full.state_dict(), tiny_mtp.weights_sha256(full)
+    full = gpt.build_model(1)
+    full_state, full_hash = full.state_dict(), gpt.weights_sha256(full)
     cpu_runtime.reset_model_parallel()
 
     cpu_runtime.init_distributed(pipeline_parallel=pipeline_parallel)
     stage_index = parallel_state.get_pipeline_model_parallel_rank()
-    stage = tiny_mtp.build_model(1)
+    stage = gpt.build_model(1)
     layers = len(stage.decoder.layers)
     names = {name: full_model_name(name, stage_index, layers) for name in stage.state_dict()}
     stage.load_state_dict({name: full_state[source] for name, source in names.items()}, strict=True)
@@ -55,6 +55,6 @@ def measure(pipeline_parallel: int) -> dict:
         "has_mtp": stage.mtp_process,
         "full_model_sha256": full_hash,
         "full_model_names": names,
-        "step": tiny_mtp.run_step(stage, micro_batches()),
-        "perturbed": tiny_mtp.run_step(stage, perturbed_micro_batches()),
+        "step": gpt.run_step(stage, micro_batches()),
+        "perturbed": gpt.run_step(stage, perturbed_micro_batches()),
     }

@@ -14,9 +14,11 @@ import re
 from pathlib import Path
 from string import Template
 
+from maintain.repo import WORK
+from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import CHECKOUT, FIXED_FILE, WORK
+from mtp_mask_fix.paths import FIXED_FILE
 
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -24,8 +26,7 @@ TEMPLATES_USED = ("review_6105", "review_fix", "review_assert", "review_tests", 
 UPSTREAM = "https://github.com/NVIDIA-NeMo/Megatron-Bridge"
 FALCON_H1 = "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py"
 CO_AUTHOR = re.compile(r"[^<>@\n]*\S <[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+>")
-RUN = "./run" if CHECKOUT else "mtp-mask-fix"  # as this tool is run: from a clone, or installed
-GATE = f"{RUN} gate --checkout <a Megatron-Bridge clone holding {{}}> --checkouts-only --python <its interpreter>"
+GATE = "./run gate --checkout <a Megatron-Bridge clone holding {}> --checkouts-only --python <its interpreter>"
 RULE = "-" * 100
 # What gate records per upstream commit where the patch held: red = the tests the patch adds or changes that fail by
 # assertion there, of all FAIL_TO_PASS; green = tests passing patched, of all run; falcon_h1_forward = [first, last]
@@ -121,3 +122,22 @@ def render(patch: Patch, co_author: str | None) -> str:
         f"(b) PR body, if #6105 stalls (first `{trailer}`: a squash merge keeps the commit's trailers)\n"
         f"{RULE}\n{text['pr_body']}{RULE}\n"
     )
+
+
+def parser() -> cli.Parser:
+    parser = cli.Parser(
+        prog="./run pr",
+        description="print the review of #6105 and the fallback PR body, from this patch's gated red/green",
+    )
+    parser.add_argument(
+        "--co-author",
+        metavar='"NAME <EMAIL>"',
+        help='"Name <email>" as on #6105\'s commits (pull/6105.patch), credited',
+    )
+    parser.add_argument("--patch", type=Path, help="the patch (default: the first in patches/series)")
+    parser.set_defaults(func=lambda args: (render(Patch.load(args.patch), args.co_author), Exit.OK))
+    return parser
+
+
+if __name__ == "__main__":
+    cli.main(parser=parser())

@@ -13,11 +13,12 @@ import sys
 
 import pytest
 
-from mtp_mask_fix import pr
+from maintain import pr
+from maintain.repo import REPO, WORK
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import PATCHES, REPO, WORK
+from mtp_mask_fix.paths import PATCHES
 
-from .conftest import FIXED, UPSTREAM_TEST
+from tests.support.targets import FIXED, UPSTREAM_TEST
 
 
 FENCE = "`" * 3

@@ -1,8 +1,9 @@
 """gate: the verdict per target, and an exit code a CI job can act on."""
 
-from mtp_mask_fix import gate, targets
+from maintain import gate
+from mtp_mask_fix import targets
 
-from .conftest import FIXED
+from tests.support.targets import FIXED
 
 
 class TestGate:

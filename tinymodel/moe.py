@@ -8,8 +8,8 @@ governs can stay exact. Off (core's default) nothing may change. The tests hold 
 
 import contextlib
 
-from tests.support import cpu_runtime, tiny_mtp
-from tests.support.reference import perturb_masked_positions
+from tinymodel import cpu_runtime, gpt
+from tinymodel.reference import perturb_masked_positions
 
 
 SEQ = 24  # every rank's batch the same length
@@ -19,20 +19,20 @@ CASES = tuple((dispatcher, aux) for dispatcher in ("allgather", "alltoall") for 
 
 def batch_of_rank(rank: int) -> dict:
     """This rank's answer-only SFT batch (each data-parallel rank has its own)."""
-    return tiny_mtp.make_sft_batch(seed=rank, seq=SEQ)
+    return gpt.make_sft_batch(seed=rank, seq=SEQ)
 
 
 def run_case(dispatcher: str, aux_loss_coeff: float, rank: int) -> dict:
     """The step on this rank's batch and on its perturbed copy, with a freshly built MoE model."""
     batch = batch_of_rank(rank)
-    perturbed = perturb_masked_positions(batch, vocab=tiny_mtp.VOCAB, seed=100 + rank)
+    perturbed = perturb_masked_positions(batch, vocab=gpt.VOCAB, seed=100 + rank)
     on_cpu = cpu_runtime.alltoall_dispatch_on_cpu() if dispatcher == "alltoall" else contextlib.nullcontext()
     with on_cpu:
-        model = tiny_mtp.build_model(1, **tiny_mtp.moe_fields(dispatcher, aux_loss_coeff))
+        model = gpt.build_model(1, **gpt.moe_fields(dispatcher, aux_loss_coeff))
         return {
             "local_experts": len(model.decoder.layers[0].mlp.experts.local_experts),
-            "step": tiny_mtp.run_step(model, batch),
-            "perturbed": tiny_mtp.run_step(model, perturbed),
+            "step": gpt.run_step(model, batch),
+            "perturbed": gpt.run_step(model, perturbed),
         }
 
 

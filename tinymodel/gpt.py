@@ -6,8 +6,8 @@ step - one rank, TP2, PP2, EP2, pretraining, SFT, evaluation - is ``run_step``: 
 driving ``gpt_step.forward_step``. The harness only builds inputs and records what happened; the CPU workarounds are
 in cpu_runtime.
 
-Which Megatron-Bridge runs is whichever tree comes first on the import path (see mtp_mask_fix.trees); this module
-never imports ``megatron.bridge`` at import time. Multi-rank runs fork their ranks (``tests.support.worker``).
+Which Megatron-Bridge runs is whichever tree comes first on the import path (see maintain.trees); this module
+never imports ``megatron.bridge`` at import time. Multi-rank runs fork their ranks (``tinymodel.worker``).
 """
 
 import hashlib
@@ -17,8 +17,8 @@ from functools import partial
 
 import torch
 
-from tests.support import cpu_runtime
 from tests.support.upstream_helpers import make_state
+from tinymodel import cpu_runtime
 
 
 VOCAB = 128

@@ -1,4 +1,5 @@
-"""Fixtures for the tool's tests: throwaway Megatron-Bridge-shaped targets built in tmp_path at run time.
+"""Fixtures for the tests of the tool and of maintain/: throwaway Megatron-Bridge-shaped targets built in tmp_path at
+run time, and the tool run as a user runs it (a pytest plugin: tests/conftest.py loads it).
 
 No upstream code is committed here. gpt_step.py is copied from the pinned PyPI release (downloaded and cached by
 `mtp_mask_fix.targets.release`); upstream's tests/unit_tests/training/test_gpt_step.py is synthesized from the
@@ -17,11 +18,11 @@ from pathlib import Path
 import pytest
 from unidiff import PatchSet
 
+from maintain.repo import REPO, pins
+from maintain.repo import release as release_target
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE as FIXED
-from mtp_mask_fix.paths import REPO, UPSTREAM_TEST
-from mtp_mask_fix.targets import pins
-from mtp_mask_fix.targets import release as release_target
+from mtp_mask_fix.paths import UPSTREAM_TEST
 
 
 PINNED = pins()["megatron-bridge"]
@@ -79,7 +80,7 @@ def release_gpt_step(release) -> str:
 @pytest.fixture(scope="session")
 def patched_gpt_step(patch, release, tmp_path_factory) -> str:
     """The release's gpt_step.py with the patch applied (built aside: the view src/ is never rewritten here)."""
-    from mtp_mask_fix.trees import materialise
+    from maintain.trees import materialise
 
     tree = materialise(release.root, tmp_path_factory.mktemp("patched") / "tree", patch, src=True)
     return (tree / FIXED.removeprefix("src/")).read_text()

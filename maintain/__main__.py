@@ -1,0 +1,57 @@
+"""`./run --help`: every command of this clone, from the parsers themselves; `--markdown` gives README's table."""
+
+import argparse
+import re
+import sys
+
+from maintain import branch, gate, pr, refresh, view
+from mtp_mask_fix import cli
+
+
+RUN = [  # what ./run does itself, around the modules
+    ("./run setup", "build the environment (requirements/, once) and the view src/"),
+    ("./run test [PYTEST ARGS]", "the whole test suite, or what the arguments select (what CI runs)"),
+    (
+        "./run python VERSION|DIR",
+        "the interpreter of a release's environment or of an upstream checkout's, built once",
+    ),
+    ("./run effect|repro [ARGS]", "the experiments: what the bug costs the MTP head (--help: their options)"),
+]
+
+
+def _usage(parser: argparse.ArgumentParser) -> str:
+    return re.sub(r"\s+", " ", parser.format_usage().removeprefix("usage: ").replace(" [-h]", "")).strip()
+
+
+def commands() -> list[tuple[str, str, str]]:
+    """(usage, what it does, who has it) for the tool's commands, then this clone's."""
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {action.dest: action.help for action in sub._choices_actions}
+    rows = [
+        (_usage(parser), helps[name], "the tool: installed, or `./run NAME`") for name, parser in sub.choices.items()
+    ]
+    rows += [
+        (_usage(module.parser()), module.parser().description, "this clone")
+        for module in (gate, pr, branch, refresh, view)
+    ]
+    return rows + [(usage, said, "this clone") for usage, said in RUN]
+
+
+def _row(*cells: str) -> str:
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"  # a bar inside a cell is escaped
+
+
+def table() -> str:
+    """README's Commands table."""
+    return "\n".join(
+        ["| command | what it does | where |", "| --- | --- | --- |"]
+        + [_row(f"`{usage}`", said, who) for usage, said, who in commands()]
+    )
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--markdown"]:
+        print(table())
+    else:
+        print("./run NAME [ARGS]: this clone's commands and the tool's, in the environment ./run builds\n")
+        print("\n".join(f"  {usage}\n      {said}" for usage, said, _ in commands()))

@@ -1,0 +1,56 @@
+"""This checkout's places, and the releases it works on: the pinned one every default refers to, and any other,
+downloaded once from the package index into .work/pypi/."""
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.paths import PACKAGE
+from mtp_mask_fix.targets import Kind, Target
+
+
+REPO = Path(__file__).resolve().parents[1]
+WORK = REPO / ".work"  # downloads, environments and outputs (git-ignored)
+VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
+PINS = REPO / "requirements" / "megatron.txt"  # the pinned release and this environment's megatron-core
+
+
+def pins() -> dict[str, str]:
+    """requirements/megatron.txt: the pinned release every default refers to, and this environment's megatron-core."""
+    lines = [line.replace(" ", "") for line in PINS.read_text().splitlines()]
+    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+
+
+def release(version: str) -> Target:
+    """Any release's wheel (`latest`: the newest, not yanked, not a pre-release), unpacked once into .work/pypi/."""
+    root = WORK / "pypi" / version
+    if version == "latest" or not (root / PACKAGE).is_dir():
+        root = _download(version)
+    latest = ", latest" if version == "latest" else ""
+    return Target(f"megatron-bridge=={root.name} (PyPI{latest})", root, Kind.INSTALLED)
+
+
+def _download(version: str) -> Path:
+    """pip download of the wheel; its package and METADATA (the pins that choose the release's test environment)
+    unpacked into .work/pypi/<its version>/ unless already there, in one rename."""
+    (WORK / "pypi").mkdir(parents=True, exist_ok=True)
+    spec = "megatron-bridge" + ("" if version == "latest" else f"=={version}")
+    with tempfile.TemporaryDirectory(dir=WORK / "pypi") as tmp:
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", spec, "-d", tmp]
+        quiet = ["--disable-pip-version-check", "--ignore-requires-python"]
+        got = subprocess.run([*pip, *quiet], capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("megatron_bridge-*.whl"))
+        if got.returncode != 0 or not wheels:
+            reason = (got.stderr.strip().splitlines() or ["no wheel"])[-1].removeprefix("ERROR: ")
+            raise ToolError(f"megatron-bridge {version}: not on the package index or not downloadable ({reason})")
+        root = WORK / "pypi" / wheels[0].name.split("-")[1]
+        if not (root / PACKAGE).is_dir():
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                names = [n for n in wheel.namelist() if n.startswith("megatron/") or n.endswith(".dist-info/METADATA")]
+                wheel.extractall(Path(tmp) / "site", names)
+            shutil.move(str(Path(tmp) / "site"), root)
+    return root
