@@ -168,10 +168,11 @@ def evaluate(rows: list[Row], python: str) -> None:
         if row.commit and row.verdict == Verdict.PASS:  # keyed by the patch: no other diff's results reach `pr`
             path = pr.results_file(row.patch)
             old = json.loads(path.read_text())["checkouts"] if path.exists() else []
-            kept = [c for c in old if (c["commit"], c["megatron_core"]) != (row.commit, core)]
             pin = row.anchors.get("megatron_lm") or ""
             lm = pin if built and pin.startswith(built) else None  # None: not tested with the pinned commit
             held = {"commit": row.commit, "megatron_core": core, "megatron_lm": lm, "red": row.red, "green": row.green}
+            same = (row.commit, core, lm)  # a run of this patch with the same commit and megatron-core: replaced
+            kept = [c for c in old if (c["commit"], c["megatron_core"], c.get("megatron_lm")) != same]
             checkouts = kept + [held | {"anchors": row.anchors}]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"patch": pr.patch_key(row.patch), "checkouts": checkouts}, indent=1) + "\n")

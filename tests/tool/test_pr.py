@@ -214,6 +214,11 @@ class TestPrBody:
         both = run_pr("--co-author", AUTHOR).stdout
         assert "at 111111111111," in both and "5/6 pass" in both and "1 of the 2 new cases" in both
 
+    def test_a_run_with_a_megatron_core_not_built_from_the_pin_is_left_out(self, measured, run_pr):
+        measured([MEASURED, MEASURED | {"commit": "1" * 40, "megatron_lm": None}])
+        body = run_pr("--co-author", AUTHOR).stdout
+        assert "at 0123456789ab," in body and "111111111111" not in body
+
     def test_quotes_the_reports_figures_and_no_tiny_model_figure(self, texts):
         body = texts[2]
         assert "From the report in #6103" in body and "15.8" in body and "4.42" in body
