@@ -1,6 +1,11 @@
 """`./run branch CHECKOUT NAME`: the patch as a commit on a new branch of a Megatron-Bridge git checkout, authored and
-signed off by you (`git am -s`). The patch queue's first step (CONTRIBUTING.md): amend the commit there, then `./run
-refresh` writes it back; also the branch of the upstream PR. Elsewhere, `git am -s` of the patch file does the same."""
+signed off by you. The patch queue's first step (CONTRIBUTING.md): amend the commit there, then `./run refresh`
+writes it back; also the branch of the upstream PR.
+
+A DCO-clean commit needs a sign-off by its author, and `git am -s` alone signs off as you but keeps the mailbox's
+placeholder author (mtp-mask-fix <...noreply...>), which the DCO check refuses. By hand, that is
+`git am -s PATCH && git commit --amend --no-edit --reset-author`, with user.name and user.email set to who submits;
+this command does the same in a temporary worktree, so the checkout changes only at the final switch."""
 
 import tempfile
 from pathlib import Path

@@ -51,7 +51,7 @@ class Row:
     red: str = "-"
     green: str = "-"
     commit: str = ""  # a checkout's gated commit, for pr
-    falcon_h1_forward: list[int] | None = None  # pr's permalink: FalconH1Model.forward's lines at that commit
+    anchors: dict = field(default_factory=dict)  # pr's permalinks: the lines they point at, at that commit
 
 
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
@@ -91,15 +91,22 @@ def checkout_row(target: Target, patch: Patch, rev: str = "HEAD", upstream: Path
     row.touched = touched_tests(patch.test_files(), upstream, row.patched.cwd)
     row.notes = lint(row.patched.cwd, patch.paths())
     row.commit = git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=target.root).stdout.strip()
-    if (upstream / pr.FALCON_H1).exists():
-        row.falcon_h1_forward = pr.falcon_h1_forward_lines((upstream / pr.FALCON_H1).read_text())
+    row.anchors = pr.anchors(upstream, target.root, row.commit)
     return row
 
 
 def lint(tree: Path, files: list[str]) -> list[str]:
-    """ruff with the tree's own config (upstream's ruff.toml) on the files the patch changes: a note per finding."""
+    """upstream's pre-commit hooks on the files the patch changes, a note per finding: end-of-file-fixer and
+    trailing-whitespace on Python files, ruff check and ruff format with the tree's own config (its ruff.toml, whose
+    rules include the import order that the second ruff hook selects)."""
     config = ["--config", "ruff.toml"] if (tree / "ruff.toml").exists() else []
     found = []
+    for file in (f for f in files if f.endswith(".py") and (tree / f).is_file()):
+        text = (tree / file).read_text()
+        if not text.endswith("\n") or text.endswith("\n\n"):
+            found.append(f"end-of-file: {file} does not end in exactly one newline")
+        spaced = [n for n, line in enumerate(text.splitlines(), 1) if line != line.rstrip()]
+        found += [f"trailing-whitespace: {file}:{n}" for n in spaced]
     for command in (["check", "--output-format", "concise"], ["format", "--check"]):
         ruff = [sys.executable, "-m", "ruff", *command, *config, "--no-cache", *files]
         done = subprocess.run(ruff, cwd=tree, capture_output=True, text=True)
@@ -152,16 +159,23 @@ def sessions(rows: list[Row]) -> list[Job]:
 def evaluate(rows: list[Row], python: str) -> None:
     """Run every session once and judge each row; record each checkout that holds for `pr`, keyed by its patch."""
     runs = dict(zip(sessions(rows), run_many(sessions(rows), python)))
-    version = "import importlib.metadata as m; print(m.version('megatron-core'))"
-    core = subprocess.run([python, "-c", version], capture_output=True, text=True).stdout.strip()
+    # megatron-core's version, and the Megatron-LM commit it was built from: `./run python DIR` installs it from
+    # .work/src/megatron-lm-<the commit's first 12 digits>, which pip records in its direct_url.json.
+    query = "import importlib.metadata as m; d = m.distribution('megatron-core'); print(d.version); "
+    query += "print(__import__('json').loads(d.read_text('direct_url.json') or '{}').get('url', ''))"
+    core, _, url = subprocess.run([python, "-c", query], capture_output=True, text=True).stdout.strip().partition("\n")
+    built = url.rstrip("/").rpartition("/megatron-lm-")[2] if "/megatron-lm-" in url else ""
     for row in [row for row in rows if row.base]:
         judge(row, runs)
         if row.commit and row.verdict == Verdict.PASS:  # keyed by the patch: no other diff's results reach `pr`
             path = pr.results_file(row.patch)
             old = json.loads(path.read_text())["checkouts"] if path.exists() else []
-            kept = [c for c in old if (c["commit"], c["megatron_core"]) != (row.commit, core)]
-            held = {"commit": row.commit, "megatron_core": core, "red": row.red, "green": row.green}
-            checkouts = kept + [held | {"falcon_h1_forward": row.falcon_h1_forward}]
+            pin = row.anchors.get("megatron_lm") or ""
+            lm = pin if built and pin.startswith(built) else None  # None: not tested with the pinned commit
+            held = {"commit": row.commit, "megatron_core": core, "megatron_lm": lm, "red": row.red, "green": row.green}
+            same = (row.commit, core, lm)  # a run of this patch with the same commit and megatron-core: replaced
+            kept = [c for c in old if (c["commit"], c["megatron_core"], c.get("megatron_lm")) != same]
+            checkouts = kept + [held | {"anchors": row.anchors}]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"patch": pr.patch_key(row.patch), "checkouts": checkouts}, indent=1) + "\n")
 

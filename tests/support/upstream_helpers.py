@@ -12,7 +12,7 @@ from unittest.mock import Mock  # noqa: F401  (the added tests use it)
 import pytest  # noqa: F401
 import torch
 
-from megatron.bridge.training.gpt_step import _forward_step_common, get_batch  # noqa: F401
+from megatron.bridge.training.gpt_step import _forward_step_common  # noqa: F401
 
 
 # What upstream's test module has at module level and the added tests use (`import *` skips _names otherwise).
@@ -21,7 +21,6 @@ __all__ = [
     "pytest",
     "torch",
     "_forward_step_common",
-    "get_batch",
     "_Iterator",
     "_MockPGCollection",
     "_NoCudaTensor",
