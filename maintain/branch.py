@@ -10,7 +10,8 @@ this command does the same in a temporary worktree, so the checkout changes only
 import tempfile
 from pathlib import Path
 
-from mtp_mask_fix import check, cli, targets
+from maintain.repo import checkout
+from mtp_mask_fix import check, cli
 from mtp_mask_fix.check import already_fixed
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
@@ -73,10 +74,11 @@ def _git(target: Target, *args: str, cwd: Path | str, code: Exit = Exit.USAGE) -
 def run(args) -> tuple[str, Exit]:
     """What `./run branch ARGS` prints, and its exit code."""
     valid_branch(args.name)
-    return make_branch(targets.checkout(args.checkout), check.candidates(), args.name), Exit.OK
+    return make_branch(checkout(args.checkout), check.candidates(), args.name), Exit.OK
 
 
 def parser() -> cli.Parser:
+    """The command line of `./run NAME` for this module: its refusals are the tool's (one line, the same exit codes)."""
     parser = cli.Parser(
         prog="./run branch", description="the patch as a signed-off commit on a new branch of a checkout"
     )

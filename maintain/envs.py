@@ -18,9 +18,14 @@ import tomllib
 from email.parser import Parser
 from pathlib import Path
 
-from maintain.repo import REPO, WORK, metadata_file, pins, release
+from maintain.repo import REPO, WORK, pins, release
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
+
+
+def metadata_file(root: Path) -> Path | None:
+    """A downloaded release's wheel METADATA (its Requires-Dist and Requires-Python)."""
+    return next(iter(root.glob("*.dist-info/METADATA")), None)
 
 
 def requirement(version: str, name: str) -> str:

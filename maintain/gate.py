@@ -15,15 +15,14 @@ from pathlib import Path
 
 from maintain import pr
 from maintain.redgreen import Job, Outcome, Run, problems, run_many
-from maintain.repo import REPO, WORK, pins, release
+from maintain.repo import REPO, WORK, checkout, pins, release
 from maintain.trees import materialise
 from mtp_mask_fix import cli
 from mtp_mask_fix.check import State, candidates, check
-from mtp_mask_fix.errors import Exit
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.targets import Kind, Target, checkout
+from mtp_mask_fix.targets import Kind, Target
 
 
 class Verdict(Enum):
@@ -59,11 +58,15 @@ def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str,
     checkout = target.kind == Kind.CHECKOUT
     src, strip = (None, 1) if checkout else (True, 2)
     trees = [materialise(root, work / "base", patch, src=False, strip=1) if checkout else root]
-    for name, hunk in [("patched", None)] + [(f"without-{i}", h) for i, h in enumerate(patch.source_hunks(), 1)]:
+    for name, hunk in [("patched", None)] + [(f"without-{i}", h) for i, h in enumerate(_source_hunks(patch), 1)]:
         left = patch.part(src=True, leave_out=hunk)  # no source hunk left: the base tree
         trees.append(materialise(root, work / name, patch, src=src, leave_out=hunk, strip=strip) if left else trees[0])
     base, patched, *without = [Job(tests, tree / "src", cwd=tree) if checkout else Job(tests, tree) for tree in trees]
     return Row(target, patch, base, patched, without)
+
+
+def _source_hunks(patch: Patch) -> list[tuple[str, int]]:
+    return [(f.path, i) for f in patch.files if f.path.startswith("src/") for i in range(len(f))]
 
 
 def release_row(target: Target, patch: Patch) -> Row:
@@ -240,6 +243,7 @@ def run(args) -> tuple[str, Exit]:
 
 
 def parser() -> cli.Parser:
+    """The command line of `./run NAME` for this module: its refusals are the tool's (one line, the same exit codes)."""
     said = "red/green of the patch on each release and upstream checkout; non-zero unless it holds"
     parser = cli.Parser(prog="./run gate", description=said)
     parser.add_argument(

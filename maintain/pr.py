@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import subprocess
+from itertools import groupby
 from pathlib import Path
 from string import Template
 
@@ -44,6 +45,17 @@ RULE = "-" * 100
 # commit the interpreter's megatron-core was built from, the one the commit pins; anchors = anchors() there.
 FIELDS = {"commit": r"[0-9a-f]{40}", "megatron_core": r"\d+\.\d+\S*", "megatron_lm": r"[0-9a-f]{40}"}
 FIELDS |= {"red": r"[1-9]\d*/\d+", "green": r"[1-9]\d*/\d+"}
+
+
+def added(patch: Patch, path: str) -> str:
+    """The lines the patch adds to `path`, which must be one run of added lines and nothing removed (what a
+    suggestion or a block of new tests is)."""
+    (patched,) = [f for f in patch.files if f.path == path]
+    groups = groupby((line for hunk in patched for line in hunk), key=lambda line: line.is_added)
+    runs = ["".join(line.value for line in run) for added, run in groups if added]
+    if len(runs) != 1 or patched.removed:
+        raise ToolError(f"the patch changes {path} in {len(runs)} places: one suggestion per change needs one")
+    return runs[0].rstrip("\n") + "\n"
 
 
 def patch_key(patch: Patch) -> str:
@@ -210,11 +222,11 @@ def render(patch: Patch, co_author: str | None) -> str:
         )
     (test_file,) = patch.test_files()
     row = _review_row(patch, rows)
-    tests = patch.added(test_file)
+    tests = added(patch, test_file)
     values = _links(row) | {
         "fixed_file": FIXED_FILE,
         "test_file": test_file,
-        "fix": patch.added(FIXED_FILE),
+        "fix": added(patch, FIXED_FILE),
         "tests": tests,
         "test_names": " and ".join(f"`{name}`" for name in re.findall(r"^    def (test_\w+)\(", tests, re.M)),
         "subject": patch.subject,
@@ -234,6 +246,7 @@ def render(patch: Patch, co_author: str | None) -> str:
 
 
 def parser() -> cli.Parser:
+    """The command line of `./run NAME` for this module: its refusals are the tool's (one line, the same exit codes)."""
     parser = cli.Parser(
         prog="./run pr",
         description="print the review of #6105 and the fallback PR body, from this patch's gated red/green",

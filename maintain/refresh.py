@@ -9,8 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from maintain.repo import release
-from mtp_mask_fix import cli, targets
+from maintain.repo import checkout, release
+from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.journal import write_atomic
@@ -59,7 +59,7 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
     held = "red/green not run (--no-verify)"
     if python:
         # Imported here, as cli imports gate: at module level its pytest import would widen the start-up window in
-        # which a Ctrl-C, arriving before cli.main's Guard, prints a traceback.
+        # which a Ctrl-C, arriving before cli.main's signal handlers, prints a traceback.
         from maintain.gate import Verdict, checkout_row, evaluate
 
         row = checkout_row(upstream, Patch.parse(old.path, text), rev=f"{rev}^1")
@@ -113,7 +113,7 @@ def run(args) -> tuple[str, Exit]:
     if args.backports:
         return backports(), Exit.OK
     python = None if args.no_verify else cli.interpreter(args.python)
-    return refresh(targets.checkout(args.upstream), args.rev, python=python), Exit.OK
+    return refresh(checkout(args.upstream), args.rev, python=python), Exit.OK
 
 
 def parser() -> cli.Parser:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.paths import PACKAGE
-from mtp_mask_fix.targets import Kind, Target
+from mtp_mask_fix.targets import Kind, Target, resolve
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,3 +54,11 @@ def _download(version: str) -> Path:
                 wheel.extractall(Path(tmp) / "site", names)
             shutil.move(str(Path(tmp) / "site"), root)
     return root
+
+
+def checkout(path: Path | str) -> Target:
+    """A Megatron-Bridge git checkout (its top), or a ToolError."""
+    target = resolve(str(path))
+    if target.kind != Kind.CHECKOUT:
+        raise ToolError(f"{path}: not the top of a Megatron-Bridge git checkout with a commit")
+    return target

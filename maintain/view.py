@@ -18,6 +18,7 @@ def view(args) -> tuple[str, Exit]:
 
 
 def parser() -> cli.Parser:
+    """The command line of `./run NAME` for this module: its refusals are the tool's (one line, the same exit codes)."""
     parser = cli.Parser(prog="./run view", description="write src/: the pinned release + the patch (never edited)")
     parser.set_defaults(func=view)
     return parser

@@ -3,13 +3,13 @@ them, so that a Ctrl-C at start-up is one line too."""
 
 import sys
 
-from mtp_mask_fix.signals import Guard, Interrupted
+from mtp_mask_fix.signals import Interrupted, guard
 
 
 def main() -> None:
     """The console script: the rest of the tool imported under the handlers."""
     try:
-        with Guard():
+        with guard():
             from mtp_mask_fix import cli
 
             cli.main()

@@ -6,17 +6,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from mtp_mask_fix import journal
 from mtp_mask_fix.check import State, Verdict, already_fixed, check, touched
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line
-from mtp_mask_fix.journal import WAIT, Journal, Lock, close, recover, write_atomic
+from mtp_mask_fix.journal import WAIT, locked
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.signals import Guard, Interrupted, held
+from mtp_mask_fix.signals import Interrupted, guard, held
 from mtp_mask_fix.targets import Target
 from mtp_mask_fix.verify import verify
-
-
-Plan = Callable[[Verdict], tuple[str, dict[str, bytes] | None]]  # what it does, and the new bytes (None: nothing)
 
 
 def apply(target: Target, patches: list[Patch], *, python: str | None, wait: float = WAIT) -> tuple[str, Exit]:
@@ -45,37 +43,39 @@ def revert(target: Target, patches: list[Patch], *, wait: float = WAIT) -> tuple
     return _write(target, patches, plan, python=None, wait=wait)
 
 
-def _write(target: Target, patches: list[Patch], plan: Plan, *, python: str | None, wait: float) -> tuple[str, Exit]:
+def _write(
+    target: Target, patches: list[Patch], plan: Callable, *, python: str | None, wait: float
+) -> tuple[str, Exit]:
     """Under the writer's lock: put back what a killed run left, then the plan's new bytes behind a journal, each file
     replaced by a rename, verified with `python` (if given); rolled back unless it holds, or on a signal before the
     end, which exits 128+n saying which."""
     root, label, wrote, finished = target.root, target.label, False, "nothing changed"
-    with Guard(), Lock(root, label, exclusive=True, wait=wait) as lock:
+    with guard(), locked(root, label, exclusive=True, wait=wait) as share:
         try:
             with held():
-                said = recover(root, label, target.release, touched(target, patches))
+                said = journal.recover(root, label, target.release, touched(target, patches))
             recovered = f"{label}: put back what an interrupted run left ({said})\n" if said else ""
             done, after = plan(check(target, patches))
             if after is None:  # nothing to write; exit 0 still means verified where it trains
-                lock.share()
+                share()
                 return f"{recovered}{label}: {done}{_verified(target, python, f'{done}, but')}", Exit.OK
             before = {rel: (root / rel).read_bytes() for rel in after}
             with held():
                 wrote = True
-                Journal.write(root, target.release, before, after)
+                journal.write(root, target.release, before, after)
             with held():
                 for rel, data in after.items():
-                    write_atomic(root / rel, data)
+                    journal.write_atomic(root / rel, data)
             verified = _verified(target, python, "rolled back:")
             with held():
-                close(root)
+                journal.close(root)
                 finished = f"it had finished: {done}" + (" and verified" if python else "")
             return f"{recovered}{label}: {done}{verified}", Exit.OK
         except BaseException as exc:
             rolled_back = ""
             if wrote:
                 with held():
-                    rolled_back = recover(root, label, target.release, list(after))
+                    rolled_back = journal.recover(root, label, target.release, list(after))
             if not isinstance(exc, Interrupted):
                 raise
             state = "rolled back: the files are as before" if rolled_back else finished

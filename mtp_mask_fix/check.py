@@ -23,10 +23,7 @@ class State(Enum):
     APPLIES = ("the patch applies ({detail}); the bug is present: `apply` fixes it", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
     LOCAL_CHANGES = ("uncommitted local changes in the patch's region ({detail}); commit or stash them", Exit.USAGE)
-    EQUIVALENT = (
-        "already fixed another way: gpt_step passes loss_mask to the model; nothing to apply",
-        Exit.ALREADY_APPLIED,
-    )
+    EQUIVALENT = ("fixed another way: gpt_step passes loss_mask to the model; nothing to apply", Exit.ALREADY_APPLIED)
     DRIFTED = ("drifted: {detail}", Exit.DRIFTED)
 
     @property

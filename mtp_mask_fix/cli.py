@@ -4,6 +4,7 @@ Each cmd_* returns what it prints and its exit code."""
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,9 +12,9 @@ from pathlib import Path
 
 from mtp_mask_fix import __version__, apply, check, journal, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
-from mtp_mask_fix.journal import WAIT, Lock
+from mtp_mask_fix.journal import WAIT, locked
 from mtp_mask_fix.paths import PACKAGE
-from mtp_mask_fix.signals import Guard, Interrupted
+from mtp_mask_fix.signals import Interrupted, guard
 from mtp_mask_fix.verify import verify
 
 
@@ -53,14 +54,9 @@ def _target(args, python: str) -> targets.Target:
     )
 
 
-def _read(target: targets.Target):
-    """A reader's lock: a running apply or revert finishes first, so that its journal never reads as left behind."""
-    return Lock(target.root, target.label, exclusive=False)
-
-
 def cmd_check(args) -> tuple[str, Exit]:
     target = _target(args, interpreter(args.python))
-    with _read(target):
+    with locked(target.root, target.label, exclusive=False):  # a running apply or revert finishes first
         verdict = check.check(target, check.candidates(args.patch))
     return str(verdict), verdict.state.code
 
@@ -79,7 +75,7 @@ def cmd_revert(args) -> tuple[str, Exit]:
 def cmd_verify(args) -> tuple[str, Exit]:
     python = interpreter(args.python)
     target = _target(args, python)
-    with _read(target):
+    with locked(target.root, target.label, exclusive=False):
         if left := journal.left(target.root, check.touched(target, check.candidates(args.patch))):
             raise ToolError(f"{target.label}: an interrupted run left {left}; `apply` puts it back", Exit.FAILED)
         delivered, reason = verify(target, python)
@@ -92,20 +88,16 @@ def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates(args.patch)  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
     target = _target(args, interpreter(args.python))
-    with _read(target):
+    with locked(target.root, target.label, exclusive=False):
         verdict = check.check(target, patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
 
 
 def seconds(text: str) -> float:
     """--wait: a number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
+    if not re.fullmatch(r"\d+(\.\d*)?", text):
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
-    return value
+    return float(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,45 +107,39 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=exit_table(markdown=False),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    patch = "the patch to use (default: the first in patches/series)"
-    parser.add_argument("--patch", type=Path, help=patch)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    def command(func, help, target=None, python=None):
+    def command(func, help, python):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
         p.set_defaults(func=func)
-        p.add_argument("--patch", dest="patch_after", metavar="PATCH", type=Path, help=patch)  # before or after it
-        if target:
-            p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; {target}")
-        if python:
-            p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
+        p.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
+        p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; default: what --python imports")
+        p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
         return p
 
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
     reads = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
-    imported = "default: the Megatron-Bridge that --python imports"
-    wait = f"seconds to wait while another mtp-mask-fix process writes TARGET (default {WAIT:.0f})"
-    command(cmd_check, "applies / already applied (or fixed another way) / drifted", imported, reads)
-    p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", imported, trains)
+    wait = dict(
+        metavar="SECONDS", type=seconds, default=WAIT, help=f"while another writes TARGET (default {WAIT:.0f})"
+    )
+    command(cmd_check, "applies / already applied (or fixed another way) / drifted", reads)
+    p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
-    p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
-    p = command(cmd_revert, "take the patch out again (all or nothing): the release's own files", imported, reads)
-    p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
-    command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", imported, trains)
-    command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", imported, reads)
+    p.add_argument("--wait", **wait)
+    command(cmd_revert, "take the patch out again (all or nothing): the release's own files", reads).add_argument(
+        "--wait", **wait
+    )
+    command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
+    command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", reads)
     return parser
 
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
     """Console entry point (also of maintain/'s commands): one line on stderr for any refusal, its exit code."""
     try:
-        with Guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
+        with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
             args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
-            if getattr(args, "patch_after", None):
-                if args.patch not in (None, args.patch_after):
-                    raise ToolError("--patch given twice, before and after the command: give it once")
-                args.patch = args.patch_after
             text, code = args.func(args)
             print(text, end="\n" if text else "")
     except ToolError as exc:

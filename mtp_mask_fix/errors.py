@@ -12,30 +12,13 @@ class Exit(IntEnum):
         member._value_, member.meaning = code, meaning
         return member
 
-    OK = (
-        0,
-        "done; `check`, `status`: the patch applies (the bug is present); `apply`: fixed, verified unless --no-verify",
-    )
-    USAGE = (
-        2,
-        (
-            "bad input or environment, refused before any work: missing, unreadable, read-only or not Megatron-Bridge, "
-            "uncommitted changes in a checkout, a symlinked file, an unknown release"
-        ),
-    )
-    ALREADY_APPLIED = (
-        3,
-        "`check`, `status`, `gate`: already fixed (by this patch or another way): nothing to apply; where upstream "
-        "or a release holds the fix, a fork can retire the patch",
-    )
+    OK = 0, "done; `check`, `status`: the patch applies (the bug is present); `apply`: fixed (and verified)"
+    USAGE = 2, "bad input or environment, refused before any work (not Megatron-Bridge, read-only, local edits, ...)"
+    ALREADY_APPLIED = 3, "`check`, `status`, `gate`: already fixed, by this patch or another way: nothing to apply"
     DRIFTED = 4, "the patch no longer applies: upstream's text changed"
-    FAILED = 5, "a check failed or tested nothing: red/green, a behaviour probe, a gate row, a missing figure"
+    FAILED = 5, "a check failed or tested nothing: a behaviour probe, red/green, a gate row, a missing figure"
     BUSY = 6, "another mtp-mask-fix process held the target for longer than the wait: nothing changed"
-    INTERRUPTED = (
-        128,
-        "128 + n: interrupted by signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); the target is as before, or as the "
-        "command had finished it (its line says which)",
-    )
+    INTERRUPTED = 128, "128 + n: signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); its line says what it left"
 
 
 def exit_table(markdown: bool = True) -> str:

@@ -3,12 +3,12 @@ rename, and a journal of what a run is about to replace, so that the next run pu
 never writes into a tree that changed since."""
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
@@ -17,6 +17,8 @@ from mtp_mask_fix.errors import Exit, ToolError
 JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET while a write is unfinished: each file as it was, what replaces it
 TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new bytes are written
 WAIT = 300.0  # seconds a command waits for another's lock on TARGET: several ranks start at once
+Entries = dict[str, tuple[bytes, str]]  # file: (its bytes before, the sha256 of what replaces them)
+UNREADABLE = "naming no file it can restore: unreadable, or not the tool's"
 
 
 def digest(data: bytes | None) -> str | None:
@@ -40,143 +42,100 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(temp(path), path)
 
 
-class Lock:
-    """flock(2) on TARGET's folder, shared (readers) or exclusive (a writer); it leaves no file behind and is gone with
-    the process that held it, however it ended. Waits up to `wait` seconds, then refuses (Exit.BUSY)."""
+@contextlib.contextmanager
+def locked(root: Path, label: str, *, exclusive: bool, wait: float = WAIT):
+    """flock(2) on TARGET's folder, shared (readers) or exclusive (a writer): it leaves no file behind and goes with
+    the process that held it, however it ended. Waits up to `wait` seconds, then refuses (Exit.BUSY). Yields `share`,
+    which turns a writer into a reader (flock converts it; a writer may come between)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
 
-    def __init__(self, root: Path, label: str, *, exclusive: bool, wait: float = WAIT):
-        self.root, self.label, self.exclusive, self.wait = root, label, exclusive, wait
-
-    def __enter__(self):
-        self.fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            self._take(fcntl.LOCK_EX if self.exclusive else fcntl.LOCK_SH)
-        except BaseException:
-            os.close(self.fd)
-            raise
-        return self
-
-    def _take(self, kind: int) -> None:
-        deadline = time.monotonic() + self.wait
+    def take(kind: int) -> None:
+        deadline = time.monotonic() + wait
         while True:
             try:
-                fcntl.flock(self.fd, kind | fcntl.LOCK_NB)
-                return
+                return fcntl.flock(fd, kind | fcntl.LOCK_NB)
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise ToolError(
-                        f"{self.label}: another mtp-mask-fix process has held it for {self.wait:.0f} s; nothing "
-                        "changed (run the command again once it has finished)",
-                        Exit.BUSY,
-                    ) from None
+                    held = f"another mtp-mask-fix process has held it for {wait:.0f} s"
+                    raise ToolError(f"{label}: {held}; nothing changed (run it again once that one ends)", Exit.BUSY)
                 time.sleep(0.05)
 
-    def share(self) -> None:
-        """From writer to reader: other readers may start (flock converts it; a writer may come between)."""
-        self._take(fcntl.LOCK_SH)
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One file of a journal: its bytes before, and the digests of before and of what replaces them."""
-
-    before: bytes
-    after: str
+    try:
+        take(fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield lambda: take(fcntl.LOCK_SH)
+    finally:
+        os.close(fd)
 
 
-@dataclass(frozen=True)
-class Journal:
-    """What a run was about to replace in TARGET, and the Megatron-Bridge release TARGET held then."""
-
-    release: str
-    files: dict[str, Entry]
-
-    @staticmethod
-    def write(root: Path, release: str, before: dict[str, bytes], after: dict[str, bytes]) -> None:
-        files = {
-            rel: {"before": base64.b64encode(data).decode(), "after": digest(after[rel])}
-            for rel, data in before.items()
-        }
-        write_atomic(root / JOURNAL, json.dumps({"release": release, "files": files}).encode())
-
-    @staticmethod
-    def read(root: Path) -> "Journal | None":
-        """None when there is none; no files when it cannot be read or names a path outside TARGET (it is written by
-        a rename: only damage from outside tears it)."""
-        path = root / JOURNAL
-        if path.exists() and not path.is_file():
-            raise ToolError(f"{path} is not a file: mtp-mask-fix keeps its journal there; remove it")
-        if not path.is_file():
-            return None
-        try:
-            data = json.loads(path.read_text())
-            files = {rel: Entry(base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
-            release = str(data["release"])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
-            return Journal("", {})
-        return Journal(release, files) if all(_file_in(root, rel) for rel in files) else Journal(release, {})
+def write(root: Path, release: str, before: dict[str, bytes], after: dict[str, bytes]) -> None:
+    """The journal of a write about to replace `before` by `after`, in TARGET `root` holding `release`."""
+    files = {
+        rel: {"before": base64.b64encode(data).decode(), "after": digest(after[rel])} for rel, data in before.items()
+    }
+    write_atomic(root / JOURNAL, json.dumps({"release": release, "files": files}).encode())
 
 
-def _file_in(root: Path, rel: str) -> bool:
-    path = root / rel
-    return path.resolve().parent.is_relative_to(root.resolve()) and path.parent.is_dir() and not path.is_dir()
+def read(root: Path) -> tuple[str, Entries] | None:
+    """(release, entries) of the journal a killed write left; None when there is none; no entries when it cannot be
+    read or names a path that is not a file inside TARGET (it is written by a rename: only damage from outside tears
+    it)."""
+    path = root / JOURNAL
+    if path.exists() and not path.is_file():
+        raise ToolError(f"{path} is not a file: mtp-mask-fix keeps its journal there; remove it")
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        entries = {rel: (base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
+        release = str(data["release"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
+        return "", {}
+    inside = all((root / rel).resolve().parent.is_relative_to(root.resolve()) for rel in entries)
+    files = all((root / rel).parent.is_dir() and not (root / rel).is_dir() for rel in entries)
+    return (release, entries) if inside and files else (release, {})
 
 
 def _now(root: Path, rel: str) -> bytes | None:
     return (root / rel).read_bytes() if (root / rel).is_file() else None
 
 
-def leftovers(root: Path, files: list[str]) -> list[Path]:
+def _leftovers(root: Path, files: list[str]) -> list[Path]:
     """Temporary files a killed write left beside the journal's place or a file it writes."""
     return [temp(root / rel) for rel in [JOURNAL, *files] if temp(root / rel).exists()]
 
 
 def left(root: Path, files: list[str]) -> str | None:
     """What a killed write left, said of each file now; None when it left nothing."""
-    journal, stray = Journal.read(root), [str(path.relative_to(root)) for path in leftovers(root, files)]
+    journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
     if journal is None:
         return f"the temporary file {', '.join(stray)}" if stray else None
     said = []
-    for rel, entry in journal.files.items():
+    for rel, (before, after) in journal[1].items():
         now = _now(root, rel)
-        state = (
-            "as before"
-            if now == entry.before
-            else "patched, not verified"
-            if digest(now) == entry.after
-            else "changed since"
+        said.append(
+            f"{rel} "
+            + ("as before" if now == before else "patched, not verified" if digest(now) == after else "changed since")
         )
-        said.append(f"{rel} {state}")
-    unreadable = "naming no file it can restore: unreadable, or not the tool's"
-    return f"{JOURNAL} ({', '.join(said) or unreadable})"
+    return f"{JOURNAL} ({', '.join(said) or UNREADABLE})"
 
 
 def recover(root: Path, label: str, release: str, files: list[str]) -> str:
     """Put back what a killed write left (the journal's files, its temporary files), or refuse, changing nothing, where
-    the tree changed since: a file that is neither as before nor as replaced, or another release in its place. Returns
-    what it said of them ("" if nothing was left). Call it holding the writer's Lock, with signals held."""
-    said, journal = left(root, files), Journal.read(root)
-    for rel, entry in (journal.files if journal else {}).items():
-        now = _now(root, rel)
-        if now == entry.before:
-            continue
-        if digest(now) != entry.after or release != journal.release:
-            why = (
-                f"{rel} is neither as it left it nor as it was"
-                if digest(now) != entry.after
-                else (f"it was made for megatron-bridge {journal.release}, which now holds {release}")
-            )
+    the tree changed since: a file neither as before nor as replaced, or another release in its place. Returns what it
+    said of them ("" if nothing was left). Call it holding the writer's lock, with signals held."""
+    said, (made_for, entries) = left(root, files), read(root) or (release, {})
+    for rel, (before, after) in entries.items():
+        if (now := _now(root, rel)) != before and (digest(now) != after or release != made_for):
+            why = f"it was made for megatron-bridge {made_for}, which now holds {release}"
+            why = f"{rel} is neither as it left it nor as it was" if digest(now) != after else why
             raise ToolError(
                 f"{label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
                 f"files are as you want them, remove {root / JOURNAL} and run the command again"
             )
-    for rel, entry in (journal.files if journal else {}).items():
-        if _now(root, rel) != entry.before:
-            write_atomic(root / rel, entry.before)
-    for path in leftovers(root, [*files, *(journal.files if journal else {})]):
+    for rel, (before, _) in entries.items():
+        if _now(root, rel) != before:
+            write_atomic(root / rel, before)
+    for path in _leftovers(root, [*files, *entries]):
         path.unlink(missing_ok=True)
     (root / JOURNAL).unlink(missing_ok=True)
     return said or ""

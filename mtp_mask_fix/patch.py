@@ -4,7 +4,6 @@ of its diff)."""
 import re
 import tempfile
 from dataclasses import dataclass, field
-from itertools import groupby
 from pathlib import Path
 
 from unidiff import PatchSet
@@ -97,22 +96,9 @@ class Patch:
                 out.append(str(patched).split("\n@@", 1)[0] + "\n" + "".join(kept))
         return "".join(text if text.endswith("\n") else text + "\n" for text in out)
 
-    def added(self, path: str) -> str:
-        """The lines the patch adds to `path`, which must be one run of added lines and nothing removed (what a
-        suggestion or a block of new tests is)."""
-        (patched,) = [f for f in self.files if f.path == path]
-        groups = groupby((line for hunk in patched for line in hunk), key=lambda line: line.is_added)
-        runs = ["".join(line.value for line in run) for added, run in groups if added]
-        if len(runs) != 1 or patched.removed:
-            raise ToolError(f"the patch changes {path} in {len(runs)} places: one suggestion per change needs one")
-        return runs[0].rstrip("\n") + "\n"
-
     def paths(self, *, src: bool | None = None) -> list[str]:
         """The files the patch changes (src: True sources, False the rest), as upstream checkouts name them."""
         return [f.path for f in self.files if src is None or f.path.startswith("src/") == src]
-
-    def source_hunks(self) -> list[tuple[str, int]]:
-        return [(f.path, i) for f in self.files if f.path.startswith("src/") for i in range(len(f))]
 
     def test_files(self) -> list[str]:
         return [path for path in self.paths(src=False) if path.startswith("tests/")]

@@ -1,13 +1,8 @@
-"""The behaviour probe behind `verify`, run as a script (its source through `-c`) under the interpreter that trains,
-with the target's import root first on PYTHONPATH. It runs that Megatron-Bridge's real `gpt_step.forward_step` with
-MTP on, on a one-rank last pipeline stage, over a data iterator that yields one batch as a dataset does, so that the
-release's own `get_batch` reads it (each release line unpacks its own tuple). The model records what it receives.
-It prints one JSON object: the gpt_step.py it ran, whether the model received the batch's loss_mask, and why. Exit 0
-means the probe ran, whatever it found.
-
-The one module of the tool that imports torch and megatron, only inside the target's interpreter, and nothing of
-the tool, so it runs where only the target's own packages are installed.
-"""
+"""verify's behaviour probe, run as a script (its source through `-c`) in the interpreter that trains, the target first
+on PYTHONPATH: that Megatron-Bridge's real `forward_step` with MTP on, a one-rank job, a batch as a dataset yields it
+(so each release's own `get_batch` reads it) and a model that records what it receives. It prints one JSON object:
+the gpt_step.py it ran, whether the model received the batch's loss_mask, and why. The one module of the tool that
+imports torch and megatron, and nothing of the tool: it runs where only the target's own packages are installed."""
 
 import json
 import os
@@ -36,21 +31,10 @@ def _batch(torch):
     return batch | {"attention_mask": None}
 
 
-def _state():
+def global_state():
     """The parts of Bridge's GlobalState that forward_step reads: no packing, no dataset attention mask, no pipeline
-    layout; timers that do nothing."""
-    timer = SimpleNamespace(start=lambda *a, **k: None, stop=lambda *a, **k: None)
-    timers = lambda *args, **kwargs: timer  # noqa: E731
-
-    class Straggler:
-        def __call__(self, *args, **kwargs):
-            return self
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
+    layout; timers that do nothing (the tiny model's real steps read the same)."""
+    from unittest.mock import MagicMock  # timers and the straggler timer: called, started, entered, they do nothing
 
     dataset = SimpleNamespace(
         enable_offline_packing=False, offline_packing_specs=None, skip_getting_attention_mask_from_dataset=True
@@ -58,7 +42,7 @@ def _state():
     rerun = SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False)
     model = SimpleNamespace(pipeline_model_parallel_layout=None, virtual_pipeline_model_parallel_size=None)
     cfg = SimpleNamespace(dataset=dataset, model=model, rerun_state_machine=rerun)
-    return SimpleNamespace(cfg=cfg, timers=timers, straggler_timer=Straggler())
+    return SimpleNamespace(cfg=cfg, timers=MagicMock(), straggler_timer=MagicMock())
 
 
 def probe() -> dict:
@@ -83,7 +67,7 @@ def probe() -> dict:
     # What a model built by Bridge carries: its config and its process groups.
     gpt_step.get_model_config = lambda model: config
     gpt_step.get_pg_collection = lambda model: SimpleNamespace(pp=world, cp=world, tp=world)
-    gpt_step.forward_step(_state(), iter([_batch(torch)]), model)
+    gpt_step.forward_step(global_state(), iter([_batch(torch)]), model)
     given, mask = seen.get("loss_mask"), torch.tensor(LOSS_MASK)
     delivered = isinstance(given, torch.Tensor) and torch.equal(given, mask)
     if delivered:

@@ -1,4 +1,4 @@
-"""SIGINT, SIGTERM and SIGHUP for every command: inside `Guard` they raise `Interrupted`, and `held()` defers them until
+"""SIGINT, SIGTERM and SIGHUP for every command: inside `guard()` they raise `Interrupted`, and `held()` defers them until
 a write is whole."""
 
 import contextlib
@@ -18,18 +18,19 @@ class Interrupted(BaseException):
         super().__init__(self.name)
 
 
-class Guard:
-    """Inside the `with`, SIGINT, SIGTERM and SIGHUP raise Interrupted (at the end of a `held()` block)."""
+@contextlib.contextmanager
+def guard():
+    """Inside the block, SIGINT, SIGTERM and SIGHUP raise Interrupted (at the end of a `held()` block)."""
 
-    def __enter__(self):
-        self.old = {sig: signal.signal(sig, self.interrupt) for sig in SIGNALS}
-
-    def __exit__(self, *exc):
-        for sig, handler in self.old.items():
-            signal.signal(sig, handler)
-
-    def interrupt(self, signum, frame):
+    def interrupt(signum, frame):
         raise Interrupted(signum)
+
+    old = {sig: signal.signal(sig, interrupt) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -67,14 +67,6 @@ def resolve(spec: str) -> Target:
     return target
 
 
-def checkout(path: Path | str) -> Target:
-    """A Megatron-Bridge git checkout (its top), or a ToolError."""
-    target = resolve(str(path))
-    if target.kind != Kind.CHECKOUT:
-        raise ToolError(f"{path}: not the top of a Megatron-Bridge git checkout with a commit")
-    return target
-
-
 def is_git_top(root: Path) -> bool:
     """Whether root is the top of a git work tree (not just somewhere inside one) with a commit at HEAD."""
     found = ["rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD^{commit}"]

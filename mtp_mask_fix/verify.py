@@ -21,8 +21,14 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
     env = dict(os.environ, PYTHONPATH=path)
     result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=target.import_root)
     lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:
-        return False, _why_not(target, (result.stderr.strip().splitlines() or ["no output"])[-1])
+    if result.returncode != 0 or not lines:  # in the user's terms: the interpreter lacks what trains, or a probe bug
+        error = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        if re.search(r"ModuleNotFoundError|ImportError|No module named", error):
+            return (
+                False,
+                f"it cannot import what {target.label} needs ({error}); give --python the interpreter that trains",
+            )
+        return False, f"the probe of {target.label}'s forward_step failed ({error}); please report it"
     try:
         found = json.loads(lines[-1])
     except ValueError:
@@ -30,13 +36,3 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
     if not is_gpt_step_of(found["file"], target.import_root):
         return False, f"it imported gpt_step from {found['file']}, not from {target.label}"
     return found["delivered"], found["reason"]
-
-
-def _why_not(target: Target, error: str) -> str:
-    """A probe that could not run, in the user's terms: the interpreter lacks what trains, or this Megatron-Bridge's
-    forward step is one the probe cannot drive."""
-    if re.search(r"ModuleNotFoundError|ImportError|No module named", error):
-        return (
-            f"it cannot import what {target.label} needs ({error}); give --python the interpreter that trains with it"
-        )
-    return f"the probe of {target.label}'s forward_step failed ({error}); please report it"

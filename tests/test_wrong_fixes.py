@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
+from maintain import pr
 from maintain.gate import checkout_row
 from maintain.redgreen import Job, Outcome, run_many
-from maintain.repo import VIEW, WORK
+from maintain.repo import VIEW, WORK, checkout
 from maintain.trees import materialise
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST
-from mtp_mask_fix.targets import checkout
 from tests.support import sessions
 
 
@@ -135,7 +135,7 @@ ADDED = WORK / "upstream-bound" / "test_gpt_step_added.py"
 def _upstream_bound_tests() -> Path:
     """The tests the patch adds to upstream's test_gpt_step.py, as a module over tests/support/upstream_helpers (the
     stand-ins for that file's helpers): in push CI they run without an upstream checkout."""
-    added = Patch.load().added(UPSTREAM_TEST)
+    added = pr.added(Patch.load(), UPSTREAM_TEST)
     ADDED.parent.mkdir(parents=True, exist_ok=True)
     ADDED.write_text(f"from tests.support.upstream_helpers import *  # noqa: F403\n\n\nclass TestGetBatch:\n{added}")
     return ADDED

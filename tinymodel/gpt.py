@@ -17,7 +17,7 @@ from functools import partial
 
 import torch
 
-from tests.support.upstream_helpers import make_state
+from mtp_mask_fix.probe import global_state
 from tinymodel import cpu_runtime
 
 
@@ -320,7 +320,7 @@ def run_step(model, batches, *, record: bool = True, forward_only: bool = False,
     try:
         with cpu_runtime.CudaAsCpu():
             store = get_forward_backward_func()(
-                forward_step_func=partial(gpt_step.forward_step, make_state()),
+                forward_step_func=partial(gpt_step.forward_step, global_state()),
                 data_iterator=_data_iterator(batches),
                 model=[model],
                 num_microbatches=len(batches),

@@ -36,7 +36,7 @@ import torch
 from maintain.repo import REPO
 from mtp_mask_fix.paths import GPT_STEP_MODULE
 from tinymodel import cpu_runtime, gpt
-from tinymodel.reference import mtp_ce_per_position, mtp_mask, mtp_positions, perturb_masked_positions
+from tinymodel.reference import mtp_ce_per_position, mtp_mask, mtp_positions
 
 
 @dataclass(frozen=True)
@@ -321,22 +321,6 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def suite(args) -> dict:
-    """Tensor parallel = world size: one step on the SFT batch and one on the batch with masked positions perturbed,
-    for 1 and 2 MTP layers."""
-    cpu_runtime.init_distributed(tensor_parallel=_world())
-    batch = gpt.make_sft_batch()
-    perturbed = perturb_masked_positions(batch, vocab=gpt.VOCAB)
-    results = {"batch": batch, "perturbed": perturbed, "tensor_parallel": _world()}
-    for mtp_num_layers in (1, 2):
-        model = gpt.build_model(mtp_num_layers)
-        results[mtp_num_layers] = {
-            "step": gpt.run_step(model, batch),
-            "perturbed": gpt.run_step(model, perturbed),
-        }
-    return results
-
-
 def repro(args) -> dict:
     """One step of the mtp_num_layers=1 model on the SFT batch, with per-position MTP data for the figure."""
     cpu_runtime.init_distributed(tensor_parallel=_world())
@@ -390,7 +374,6 @@ def effect(args) -> dict:
 
 
 MODES = {
-    "suite": suite,
     "repro": repro,
     "bench": bench,
     "pipeline": pipeline,

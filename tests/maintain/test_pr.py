@@ -15,10 +15,9 @@ import sys
 import pytest
 
 from maintain import pr
-from maintain.repo import REPO, WORK
+from maintain.repo import REPO
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import PATCHES
-
 from tests.support.targets import FIXED, UPSTREAM_TEST
 
 
@@ -87,8 +86,8 @@ def measured(own_patch):
 
 
 @pytest.fixture
-def run_pr(cli, own_patch):
-    return lambda *args: cli("--patch", own_patch.path, "pr", *args)
+def run_pr(maintain, own_patch):
+    return lambda *args: maintain("pr", "--patch", own_patch.path, *args)
 
 
 @pytest.fixture
@@ -137,10 +136,10 @@ class TestRefusals:
         pr.results_file(own_patch).write_text("[]")
         refused(run_pr("--co-author", AUTHOR), 5, "holds no complete red/green of this patch")
 
-    def test_a_patch_without_upstream_tests_is_refused(self, cli, refused):
+    def test_a_patch_without_upstream_tests_is_refused(self, maintain, refused):
         """The backport changes no upstream test file: nothing to suggest, refused before any result is read."""
         backport = next(PATCHES.glob("*/*.patch"))
-        refused(cli("--patch", backport, "pr", "--co-author", AUTHOR), 2, "one upstream test file")
+        refused(maintain("pr", "--patch", backport, "--co-author", AUTHOR), 2, "one upstream test file")
 
 
 class TestReview:
@@ -182,7 +181,7 @@ class TestReview:
         fix = _suggestion(anchored[0][1])
         added = "".join(x.value for f in own_patch.files if f.path == FIXED for h in f for x in h if x.is_added)
         assert fix == "    }\n" + added
-        assert _suggestion(anchored[2][1]) == own_patch.added(UPSTREAM_TEST)
+        assert _suggestion(anchored[2][1]) == pr.added(own_patch, UPSTREAM_TEST)
 
     def test_the_fix_comment_says_why_only_with_mtp(self, texts):
         comment = "".join(line for line in _suggestion(texts[1][0][1]).splitlines(True) if "#" in line)
@@ -236,9 +235,12 @@ def test_rendering_imports_neither_torch_nor_megatron_nor_the_experiments(tool_e
     loaded = (
         "sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'megatron', 'experiments'} or 'harness' in m)"
     )
-    code = f"import atexit, sys; atexit.register(lambda: print({loaded}, file=sys.stderr)); import mtp_mask_fix.cli as c; c.main()"
-    args = ["--patch", str(own_patch.path), "pr", "--co-author", AUTHOR]
-    done = subprocess.run([sys.executable, "-c", code, *args], env=tool_env, capture_output=True, text=True)
+    code = (
+        f"import atexit, sys; atexit.register(lambda: print({loaded}, file=sys.stderr)); "
+        "from maintain import pr; from mtp_mask_fix import cli; cli.main(parser=pr.parser())"
+    )
+    args = ["--patch", str(own_patch.path), "--co-author", AUTHOR]
+    done = subprocess.run([sys.executable, "-c", code, *args], env=tool_env, capture_output=True, text=True, cwd=REPO)
     assert (done.returncode, done.stderr) == (0, "[]\n")
 
 

@@ -7,11 +7,10 @@ import re
 import pytest
 
 from maintain.refresh import build
+from maintain.repo import checkout as checkout_target
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import PATCHES
-from mtp_mask_fix.targets import checkout as checkout_target
-
 from tests.support.targets import FIXED, SUBMITTER, UPSTREAM_TEST
 
 

@@ -112,14 +112,3 @@ class _RecordingModel:
         self.forward_kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask)
         self.forward_kwargs.update(kwargs)
         return self.output
-
-
-def make_state(*, packed=False, attention_mask_from_dataset=True):
-    """The parts of GlobalState the forward step reads: the config, and timers that do nothing."""
-    cfg = _make_cfg(
-        enable_offline_packing=packed,
-        offline_packing_specs=object() if packed else None,
-        skip_getting_attention_mask_from_dataset=packed or not attention_mask_from_dataset,
-    )
-    cfg.rerun_state_machine = SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False)
-    return SimpleNamespace(cfg=cfg, timers=_NoopTimer(), straggler_timer=_NoopTimer())

@@ -15,7 +15,6 @@ from unidiff import PatchSet
 
 from maintain.repo import release as release_target
 from mtp_mask_fix.journal import JOURNAL
-
 from tests.support.targets import (
     BACKPORT_FILE,
     CONTEXT,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from maintain.repo import REPO, WORK
 from mtp_mask_fix import __version__
-
 from tests.support.targets import PATCH_FILE, PINNED, verdict
 
 
@@ -35,7 +35,7 @@ class TestEntryPoints:
         result = cli("--help")
         assert result.returncode == 0
         listed = re.findall(r"^    (\w+)\s+\S", result.stdout, re.M)  # argparse's one line per command
-        assert listed == ["check", "apply", "revert", "verify", "gate", "pr", "status"]
+        assert listed == ["check", "apply", "revert", "verify", "status"]
 
 
 def _python312() -> str | None:
@@ -54,8 +54,6 @@ def _python312() -> str | None:
 def installed_tool():
     """A Python 3.12 venv (cached in .work/py312-tool) with this checkout pip-installed, not editable, and the pinned
     release's wheel installed --no-deps (no torch: the tool needs none to check and apply). Reinstalled each session."""
-    from maintain.repo import REPO, WORK
-
     python = _python312()
     if python is None:
         pytest.skip("no Python 3.12 here")
@@ -143,13 +141,18 @@ class TestInstalledTool:
         refused(run("verify"), 5, f"not verified with {python}", "No module named 'torch'")
         assert not (site / ".work").exists() and not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
 
-    def test_gate_and_pr_say_what_they_need(self, run_installed, tmp_path, refused, checkout):
-        """gate runs this repo's tests on a release (a clone has them) and pytest on a checkout; pr names gate as an
-        installed tool spells it."""
-        run = run_installed
-        refused(run("gate"), 2, "a clone of this repo", "./run gate", "--checkouts-only")
-        refused(run("gate", "--release", "0.6.0"), 2, "a clone of this repo")
-        refused(run("gate", "--checkouts-only", "--checkout", str(tmp_path)), 2, "not a Megatron-Bridge tree")
-        refused(run("gate", "--checkouts-only", "--checkout", str(checkout.root)), 2, "pytest", "pip install pytest")
-        refused(run("pr", "--co-author", "A <a@b.c>"), 5, "run `mtp-mask-fix gate --checkout")
-        assert not list(tmp_path.glob(".cache/mtp-mask-fix/pypi/*"))
+    def test_it_installs_the_tool_and_the_patches_and_nothing_else(self, installed_tool):
+        venv, _ = installed_tool
+        (record,) = venv.glob("lib/python3.12/site-packages/mtp_mask_fix-*.dist-info/RECORD")
+        files = {line.split(",")[0] for line in record.read_text().splitlines()}
+        tracked = subprocess.run(
+            ["git", "ls-files", "mtp_mask_fix", "patches"], cwd=REPO, capture_output=True, text=True
+        )
+        expected = {
+            re.sub(r"^patches/", "mtp_mask_fix/patches/", f)
+            for f in tracked.stdout.split()
+            if f != "mtp_mask_fix/patches"
+        }
+        installed = {f for f in files if not f.startswith(("mtp_mask_fix-", "../")) and "__pycache__" not in f}
+        assert installed == expected
+        assert {f for f in files if f.startswith("../")} == {"../../../bin/mtp-mask-fix"}

@@ -12,7 +12,6 @@ from maintain.repo import REPO, VIEW
 from mtp_mask_fix.git import apply_diff
 from mtp_mask_fix.patch import Patch, series
 from mtp_mask_fix.paths import PATCHES
-
 from tests.support.targets import FIXED, UPSTREAM_TEST
 
 

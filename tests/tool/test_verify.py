@@ -14,8 +14,16 @@ from maintain.repo import REPO, WORK
 from maintain.repo import release as release_target
 from maintain.trees import materialise
 from mtp_mask_fix.paths import GPT_STEP
-
-from tests.support.targets import BACKPORT_FILE, EQUIVALENT_FIX, LABELS, PATCH_FILE, PINNED, digests, fake_python, verdict
+from tests.support.targets import (
+    BACKPORT_FILE,
+    EQUIVALENT_FIX,
+    LABELS,
+    PATCH_FILE,
+    PINNED,
+    digests,
+    fake_python,
+    verdict,
+)
 
 
 # The pinned line and one before 0.6 on every push; the nightly job names every line (MTP_RELEASE_LINES) and, with
@@ -114,13 +122,13 @@ class TestVerdicts:
             release.root, tmp_path / "site-packages", rewrite={GPT_STEP: text.replace(LABELS, EQUIVALENT_FIX)}
         )
         assert verdict(cli("check", root), 3).endswith(
-            "already fixed another way: gpt_step passes loss_mask to the model; nothing to apply"
+            "fixed another way: gpt_step passes loss_mask to the model; nothing to apply"
         )
 
     @pytest.mark.parametrize(
         ("stderr", "said"),
         [
-            ("ModuleNotFoundError: No module named 'torch'", "give --python the interpreter that trains with it"),
+            ("ModuleNotFoundError: No module named 'torch'", "give --python the interpreter that trains"),
             ("ValueError: not enough values to unpack (expected 10, got 6)", "forward_step failed"),
         ],
         ids=["no-torch", "a-forward-step-it-cannot-drive"],

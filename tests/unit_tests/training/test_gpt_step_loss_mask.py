@@ -19,13 +19,14 @@ the real batch path (get_batch) of every forward step built on ``_forward_step_c
 """
 
 import importlib
+from unittest.mock import Mock
 
 import pytest
 import torch
 
 import megatron.bridge.training.gpt_step as gpt_step
 from tests.support import upstream_helpers as upstream
-from tests.support.upstream_helpers import _as_nocuda, _Iterator, _MockPGCollection, make_state
+from tests.support.upstream_helpers import _as_nocuda, _Iterator, _make_cfg, _MockPGCollection, _NoopTimer
 
 
 def _forward_steps():
@@ -87,6 +88,18 @@ def _sft_batch(*, packed=False):
         batch.update(cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens, max_seqlen_q=torch.tensor(8))
         batch["max_seqlen_kv"] = torch.tensor(8)
     return {key: _as_nocuda(value) for key, value in batch.items()}
+
+
+def make_state(*, packed=False, attention_mask_from_dataset=True):
+    state = Mock()
+    state.cfg = _make_cfg(
+        enable_offline_packing=packed,
+        offline_packing_specs=object() if packed else None,
+        skip_getting_attention_mask_from_dataset=packed or not attention_mask_from_dataset,
+    )
+    state.cfg.rerun_state_machine = Mock(check_for_nan_in_loss=False, check_for_spiky_loss=False)
+    state.timers = state.straggler_timer = _NoopTimer()
+    return state
 
 
 def _expected_mask(*, packed=False):

@@ -1,0 +1,242 @@
+"""The release lines: check names the patch file that fits each release (README's table), apply works on the lines
+before 0.6, the backport is derived from the carried patch, and each release's tests run in the environment it
+declares."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from maintain.repo import release
+from mtp_mask_fix.check import fix_present
+from tests.support.targets import BACKPORT_FILE, FIXED, PATCH_FILE, PINNED, hunk_parts, verdict
+
+
+# Every PyPI release since MTP arrived (0.6.1 is yanked but still downloadable), and the file that fixes it.
+RELEASES = {version: BACKPORT_FILE for version in ("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1")}
+RELEASES |= {version: PATCH_FILE for version in ("0.6.0", "0.6.1", "0.6.2")}
+
+
+class TestReleaseLines:
+    """Every release line with the bug: check picks the patch file that fits it (README's table), apply works."""
+
+    @pytest.mark.parametrize("version", RELEASES)
+    def test_check_and_status_name_the_file_that_applies(self, cli, version):
+        root = release(version).root
+        said = (
+            f"{root}: the patch applies (source hunks only, {RELEASES[version]}); the bug is present: `apply` fixes it"
+        )
+        assert verdict(cli("check", root), 0) == said
+        assert cli("status", root).stdout.splitlines()[-1] == f"  on {said}"
+
+    def test_pinned_release_is_one_of_them(self):
+        assert PINNED in RELEASES
+
+    @pytest.mark.parametrize("version", ["0.3.0", "0.5.1"])
+    def test_apply_then_again_on_an_older_line(self, cli, tmp_path, version):
+        copy = tmp_path / "site-packages"
+        shutil.copytree(release(version).root / "megatron", copy / "megatron")
+        result = cli("apply", "--no-verify", copy)
+        assert result.stdout == f"{copy}: applied (source hunks only, {BACKPORT_FILE})\n", result.stderr
+        assert fix_present((copy / FIXED.removeprefix("src/")).read_text())
+        assert "already applied" in verdict(cli("check", copy), 3)
+        assert cli("apply", "--no-verify", copy).returncode == 0
+
+    def test_readme_names_each_file(self, repo_file):
+        readme = repo_file("README.md").decode()
+        for name in set(RELEASES.values()):
+            assert f"`{name}`" in readme
+
+
+class TestBackport:
+    """The backport is derived from the carried patch, never edited: a drift guard."""
+
+    def test_committed_backport_equals_its_derivation(self, patch, repo_file):
+        from maintain import refresh
+
+        for line in refresh.LINES:
+            committed = refresh.path(line, patch).read_text()
+            assert committed == refresh.derive_for(line, patch), f"run `./run refresh --backports` ({line})"
+
+    def test_same_added_lines_as_the_carried_patch(self, patch):
+        from maintain import refresh
+        from mtp_mask_fix.patch import Patch
+
+        for path in (refresh.path(line, patch) for line in refresh.LINES):
+            assert hunk_parts(Patch.load(path), src_only=True) == hunk_parts(patch, src_only=True)
+
+
+class TestReleaseEnvironments:
+    """Each release's tests run with the megatron-core its submodule pins and the transformers its wheel declares."""
+
+    def test_pinned_release_uses_this_environment(self):
+        from maintain.envs import spec
+
+        assert spec(PINNED)[0] == ""
+
+    @pytest.mark.parametrize(
+        ("version", "key"),
+        [
+            ("0.3.0", "core0.16.0-transformers-lt5.0.0"),
+            ("0.4.2", "core0.17.1-transformers-le5.3.0-ge5.0.0"),
+            ("0.5.1", "core0.18.2-transformers-lt5.9.0-ge5.8.1"),
+        ],
+    )
+    def test_older_lines_get_their_own(self, version, key):
+        from maintain.envs import spec
+
+        assert spec(version)[0] == key
+
+    @pytest.fixture
+    def upstream_checkout(self, git, tmp_path, monkeypatch):
+        """A scratch Megatron-Bridge checkout: (bridge, its submodule, the pinned commit); .work/src in tmp_path."""
+        import maintain.envs
+
+        monkeypatch.setattr(maintain.envs, "WORK", tmp_path / "work")
+        lm, bridge = tmp_path / "lm", tmp_path / "bridge"
+        (lm / "megatron" / "core").mkdir(parents=True)
+        (lm / "megatron" / "core" / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\n")
+        git(lm, "init", "-q")
+        git(lm, "add", ".")
+        git(lm, "commit", "-q", "-m", "core")
+        bridge.mkdir()
+        (bridge / "pyproject.toml").write_text(
+            '[project]\ndependencies = ["transformers[torch]>=5.8,<=5.12.1", "datasets ; python_version>\'3\'"]\n'
+        )
+        git(bridge, "init", "-q")
+        git(bridge, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(lm), "3rdparty/Megatron-LM")
+        git(bridge, "add", ".")
+        git(bridge, "commit", "-q", "-m", "bridge")
+        return bridge, (bridge / "3rdparty" / "Megatron-LM").resolve(), git(lm, "rev-parse", "HEAD").strip()
+
+    def test_an_upstream_checkout_gets_its_submodules_core(self, upstream_checkout, tmp_path):
+        """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from the commit DIR
+        pins, unpacked from git (not the submodule's working tree, where pip would build in place), and keeps the
+        transformers pin through its extras."""
+        from maintain.envs import checkout_spec
+
+        bridge, source, commit = upstream_checkout
+        (source / "megatron" / "core" / "uncommitted.py").write_text("")  # a local edit
+        (source / "build" / "lib").mkdir(parents=True)  # a stale build
+        unpacked = tmp_path / "work" / "src" / f"megatron-lm-{commit[:12]}"
+        assert checkout_spec(bridge) == (
+            f"core0.20.0-{commit[:12]}-transformers-ge5.8-le5.12.1",
+            [f"megatron-core@{unpacked.as_uri()}", "transformers>=5.8,<=5.12.1", "datasets"],
+        )
+        assert sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("*")) == [
+            "megatron",
+            "megatron/core",
+            "megatron/core/package_info.py",
+        ]
+        assert [p.name for p in unpacked.parent.iterdir()] == [unpacked.name]  # no temporary left
+        (unpacked / "megatron" / "core" / "package_info.py").unlink()
+        checkout_spec(bridge)  # unpacked once: an existing tree is reused as it is
+        assert not (unpacked / "megatron" / "core" / "package_info.py").exists()
+
+    @pytest.mark.parametrize("state", ["moved", "staged", "not checked out"])
+    def test_an_upstream_checkout_off_its_pinned_core_is_refused(self, upstream_checkout, git, state):
+        """Only the commit HEAD pins will do: the submodule moved on, or moved and staged (`git submodule status`
+        would call that clean, as it compares with the index), or absent."""
+        from maintain.envs import checkout_spec
+        from mtp_mask_fix.errors import ToolError
+
+        bridge, source, _ = upstream_checkout
+        if state == "not checked out":
+            git(bridge, "submodule", "-q", "deinit", "-f", "3rdparty/Megatron-LM")
+        else:
+            git(source, "commit", "-q", "--allow-empty", "-m", "not the pinned commit")
+            if state == "staged":
+                git(bridge, "add", "3rdparty/Megatron-LM")
+        with pytest.raises(ToolError, match="run `git -C .* submodule update --init 3rdparty/Megatron-LM`") as refused:
+            checkout_spec(bridge)
+        assert refused.value.code == 2 and "\n" not in str(refused.value)
+
+    @pytest.mark.parametrize(
+        ("breakage", "reason"),
+        [
+            ("no dependencies", "no static \\[project\\].dependencies"),
+            ("dynamic dependencies", "no static \\[project\\].dependencies"),
+            ("no package_info.py", "no 3rdparty/Megatron-LM/megatron/core/package_info.py"),
+            ("no version", "no MAJOR/MINOR/PATCH version in"),
+        ],
+    )
+    def test_a_broken_upstream_checkout_is_one_line(self, upstream_checkout, git, breakage, reason):
+        from maintain.envs import checkout_spec
+        from mtp_mask_fix.errors import ToolError
+
+        bridge, source, _ = upstream_checkout
+        info = source / "megatron" / "core" / "package_info.py"
+        if breakage == "no dependencies":
+            (bridge / "pyproject.toml").write_text('[project]\nname = "megatron-bridge"\n')
+        elif breakage == "dynamic dependencies":
+            (bridge / "pyproject.toml").write_text('[project]\ndynamic = ["dependencies"]\n')
+        else:
+            info.unlink() if breakage == "no package_info.py" else info.write_text("MAJOR = 0\nMINOR = x\n")
+            git(source, "commit", "-q", "-am", breakage)
+            git(bridge, "commit", "-q", "-am", breakage)
+        with pytest.raises(ToolError, match=reason) as refused:
+            checkout_spec(bridge)
+        assert refused.value.code == 2 and "\n" not in str(refused.value)
+
+    def test_a_mistyped_checkout_is_no_such_directory(self, tmp_path):
+        """A path that is not a directory must not read as a release version ("not on the package index")."""
+        from maintain.repo import REPO
+
+        typo = tmp_path / "Megatron-Brigde"
+        done = subprocess.run(
+            [sys.executable, "-m", "maintain.envs", str(typo)], cwd=REPO, capture_output=True, text=True
+        )
+        assert (done.returncode, done.stdout, done.stderr) == (
+            2,
+            "",
+            f"mtp-mask-fix: error: {typo}: no such directory\n",
+        )
+
+    @pytest.mark.parametrize("required", ["", "1"])
+    def test_the_nightly_upstream_tests_cannot_skip(self, required):
+        """Without MTP_UPSTREAM_CHECKOUT the tests in upstream's file skip, unless MTP_UPSTREAM_REQUIRED=1, which the
+        nightly job that runs them sets: there a skip would pass having tested nothing."""
+        from maintain.repo import REPO
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_UPSTREAM_")}
+        env.update(MTP_UPSTREAM_REQUIRED=required, MTP_UPSTREAM_PYTHON=sys.executable)  # the interpreter: no skip
+        # --noconftest: tests/conftest.py would start every wrong-fix session in the background (about 50 s each)
+        quiet = ["-q", "-x", "-p", "no:cacheprovider", "--noconftest"]
+        args = ["-m", "pytest", *quiet, "-k", "TestUpstreamBoundTestsAreAsTight"]
+        done = subprocess.run(
+            [sys.executable, *args, "tests/test_wrong_fixes.py"], cwd=REPO, env=env, capture_output=True, text=True
+        )
+        assert (done.returncode, "1 error" in done.stdout, "skipped" in done.stdout) == (
+            (1, True, False) if required else (0, False, True)
+        ), done.stdout
+        job = (REPO / ".github" / "workflows" / "nightly.yml").read_text()
+        assert re.search(r"MTP_UPSTREAM_REQUIRED=1 \\\n.*\n\s*\./run test tests/test_wrong_fixes\.py", job)
+
+    @pytest.mark.skipif(
+        not (os.environ.get("MEGATRON_BRIDGE_GIT") and os.environ.get("MEGATRON_LM_GIT")),
+        reason="set MEGATRON_BRIDGE_GIT and MEGATRON_LM_GIT to clones (bare is fine) to check lines.toml",
+    )
+    def test_lines_toml_is_each_tags_submodule(self):
+        import tomllib
+
+        from maintain.repo import REPO
+
+        table = tomllib.loads((REPO / "requirements" / "lines.toml").read_text())["megatron-core"]
+        bridge, lm = os.environ["MEGATRON_BRIDGE_GIT"], os.environ["MEGATRON_LM_GIT"]
+        for version, core in table.items():
+            tree = subprocess.run(
+                ["git", "-C", bridge, "ls-tree", f"v{version}", "3rdparty/Megatron-LM"], capture_output=True, text=True
+            )
+            if not tree.stdout:  # untagged (0.6.1): its row says why
+                continue
+            info = subprocess.run(
+                ["git", "-C", lm, "show", f"{tree.stdout.split()[2]}:megatron/core/package_info.py"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+            parts = dict(re.findall(r"^(MAJOR|MINOR|PATCH) = (\d+)", info, re.M))
+            assert core == f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}", version

@@ -1,0 +1,154 @@
+"""`check` and `status` on each kind of target: a site-packages dir, a plain source tree, a git checkout; and what
+counts as the fix, whoever wrote it."""
+
+import os
+import re
+import sys
+
+import pytest
+
+from mtp_mask_fix.check import fix_present
+from tests.support.targets import (
+    CONTEXT,
+    EQUIVALENT_FIX,
+    LABELS,
+    PATCH_FILE,
+    REGION_EDIT,
+    UPSTREAM_TEST,
+    Tree,
+    verdict,
+)
+
+
+class TestCheckStates:
+    """The three states, each with its own exit code and a one-line verdict, on every kind of target."""
+
+    def test_applies(self, cli, snapshot, target):
+        before = snapshot(target.root)
+        line = verdict(cli("check", target.root), 0)
+        assert snapshot(target.root) == before  # check never writes
+        assert "the patch applies" in line and "the bug is present" in line
+        scope = "source hunks only" if target.kind == "installed" else "source and tests"
+        assert scope in line
+
+    def test_already_applied_after_apply(self, cli, target):
+        assert cli("apply", "--no-verify", target.root).returncode == 0
+        line = verdict(cli("check", target.root), 3)
+        assert "already applied" in line
+
+    def test_equivalent_upstream_fix_is_already_fixed(self, cli, edit, target):
+        edit(target, target.gpt_step, LABELS, EQUIVALENT_FIX)
+        line = verdict(cli("check", target.root), 3)
+        assert "fixed another way" in line and "nothing to apply" in line
+
+    def test_drifted_context_names_the_file(self, cli, edit, snapshot, target):
+        edit(target, target.gpt_step, CONTEXT, '        "attention_mask": attention_mask if use_mask else None,\n')
+        before = snapshot(target.root)
+        line = verdict(cli("check", target.root), 4)
+        assert snapshot(target.root) == before
+        assert "drifted" in line
+        assert re.search(r"patch failed: (src/)?megatron/bridge/training/gpt_step\.py:\d+", line)
+
+    def test_upstream_test_file_moved_on(self, cli, edit, checkout, patched_gpt_step):
+        """The source hunk still fits, but upstream's test file moved on: the source alone, said so (naming the test
+        file), and apply writes that; revert takes it out again."""
+        edit(checkout, checkout.upstream_test, "_flops_seqlen_sum == 0\n", "_flops_seqlen_sum == 0  # moved on\n")
+        tests = checkout.upstream_test.read_bytes()
+        line = verdict(cli("check", checkout.root), 0)
+        assert (
+            "source hunks only; upstream's tests left out, their file has moved on" in line and UPSTREAM_TEST in line
+        )
+        assert cli("apply", "--no-verify", checkout.root).returncode == 0
+        assert checkout.gpt_step.read_text() == patched_gpt_step and checkout.upstream_test.read_bytes() == tests
+        assert f"already applied (source hunks only, {PATCH_FILE})" in verdict(cli("check", checkout.root), 3)
+        assert cli("revert", checkout.root).returncode == 0
+        assert "the patch applies" in verdict(cli("check", checkout.root), 0)
+
+    def test_default_target_is_what_the_interpreter_imports(self, cli, tool_env, site_packages):
+        path = os.pathsep.join(filter(None, [str(site_packages.root), tool_env.get("PYTHONPATH")]))
+        line = verdict(cli("check", env=dict(tool_env, PYTHONPATH=path)), 0)
+        assert line.startswith(f"{site_packages.root}: the patch applies")
+
+    def test_default_target_of_an_editable_checkout_is_the_checkout(self, cli, tool_env, edit, checkout):
+        """An editable install imports the checkout's src/: judged as the checkout, with the same verdicts as when
+        it is named."""
+        env = dict(tool_env, PYTHONPATH=str(checkout.root / "src"))
+        assert verdict(cli("check", env=env), 0).startswith(f"{checkout.root}: the patch applies (source and tests")
+        edit(checkout, checkout.gpt_step, CONTEXT, REGION_EDIT, commit=False)
+        line = verdict(cli("check", env=env), 2)
+        assert line == verdict(cli("check", checkout.root), 2) and "uncommitted local changes in the patch's" in line
+
+    def test_no_target_and_no_megatron_bridge_is_refused(self, cli, refused):
+        refused(cli("check"), 2, "imports no megatron.bridge", sys.executable)
+
+
+class TestNestedTree:
+    """A source tree vendored inside another git repository, with a space in its path."""
+
+    @pytest.fixture
+    def vendored(self, tmp_path, git, source_tree):
+        outer = tmp_path / "outer project"
+        tree = outer / "vendor" / "Megatron Bridge"
+        tree.parent.mkdir(parents=True)
+        source_tree.root.rename(tree)
+        git(outer, "init", "--quiet")
+        git(outer, "add", "-A")
+        git(outer, "commit", "--quiet", "-m", "vendor Megatron-Bridge")
+        return Tree(tree, "tree")
+
+    def test_check_apply_check(self, cli, vendored, patched_gpt_step):
+        assert f"the patch applies (source and tests, {PATCH_FILE})" in verdict(cli("check", vendored.root), 0)
+        assert cli("apply", "--no-verify", vendored.root).returncode == 0
+        assert vendored.gpt_step.read_text() == patched_gpt_step
+        assert "def test_forward_common_passes_loss_mask_to_mtp_model(" in vendored.upstream_test.read_text()
+        assert "already applied" in verdict(cli("check", vendored.root), 3)
+
+
+class TestFixPresent:
+    """fix_present recognises the fix by what the code does, not by our exact lines."""
+
+    def test_release_has_no_fix(self, release_gpt_step):
+        # The release passes loss_mask only to build_schedule_plan, which does not count.
+        assert "loss_mask=loss_mask" in release_gpt_step
+        assert not fix_present(release_gpt_step)
+
+    def test_our_patch(self, patched_gpt_step):
+        assert fix_present(patched_gpt_step)
+
+    def test_dict_entry_without_our_comment(self, release_gpt_step):
+        assert fix_present(release_gpt_step.replace(LABELS, EQUIVALENT_FIX))
+
+    def test_keyword_at_the_model_call(self, release_gpt_step):
+        fixed = release_gpt_step.replace("model(**forward_args)", "model(**forward_args, loss_mask=loss_mask)")
+        assert fixed != release_gpt_step
+        assert fix_present(fixed)
+
+    def test_a_copy_of_the_mask(self, release_gpt_step):
+        copy = '        "loss_mask": None if loss_mask is None else loss_mask.clone(),\n    }'
+        assert fix_present(release_gpt_step.replace(LABELS, LABELS.replace("    }", copy)))
+
+    def test_item_assignment_into_forward_args(self, release_gpt_step):
+        """`forward_args["loss_mask"] = loss_mask` hands the mask to the model just the same ."""
+        marker = "    # Add packed sequence support\n"
+        fixed = release_gpt_step.replace(marker, '    forward_args["loss_mask"] = loss_mask\n\n' + marker)
+        assert fix_present(fixed)
+
+    def test_other_values_are_not_the_fix(self, release_gpt_step):
+        assert not fix_present(
+            release_gpt_step.replace(LABELS, LABELS.replace("    }", '        "loss_mask": None,\n    }'))
+        )
+        assert not fix_present("def _forward_step_common(:\n")
+
+
+class TestStatus:
+    """status: the patch's status block, then whether the target still needs the patch."""
+
+    def test_status_before_and_after_apply(self, cli, patch, site_packages):
+        before = cli("status", site_packages.root)
+        assert before.returncode == 0, before.stderr
+        for key, value in patch.metadata.items():
+            assert f"  {key}: {value}\n" in before.stdout
+        assert "the patch applies" in before.stdout.splitlines()[-1]
+        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+        after = cli("status", site_packages.root)  # exit codes as check's: 3, retire
+        assert after.returncode == 3 and "already applied" in after.stdout.splitlines()[-1]
