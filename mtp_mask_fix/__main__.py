@@ -1,21 +1,25 @@
-"""`mtp-mask-fix` and `python -m mtp_mask_fix`: the signal handlers come first, and the rest of the tool loads under
-them, so that a Ctrl-C at start-up is one line too."""
+"""`mtp-mask-fix` and `python -m mtp_mask_fix`. A signal before the tool has read anything ends it at once with one line
+(the handlers below come first, before the rest of the tool loads); then cli.main's take over."""
 
+import os
+import signal
 import sys
 
-from mtp_mask_fix.signals import Interrupted, guard
+
+def _before_anything(signum, frame):
+    print(f"mtp-mask-fix: error: interrupted by {signal.Signals(signum).name}: nothing changed", file=sys.stderr)
+    os._exit(128 + signum)
+
+
+for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(_signum, _before_anything)
 
 
 def main() -> None:
-    """The console script: the rest of the tool imported under the handlers."""
-    try:
-        with guard():
-            from mtp_mask_fix import cli
+    """The console script."""
+    from mtp_mask_fix import cli
 
-            cli.main()
-    except Interrupted as exc:  # before cli.main took over: nothing was read or written
-        print(f"mtp-mask-fix: error: interrupted by {exc.name}: nothing changed", file=sys.stderr)
-        sys.exit(exc.code)
+    cli.main()
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from mtp_mask_fix import journal
 from mtp_mask_fix.check import State, Verdict, already_fixed, check, touched
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line
-from mtp_mask_fix.journal import WAIT, locked
+from mtp_mask_fix.journal import WAIT
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.signals import Interrupted, guard, held
 from mtp_mask_fix.targets import Target
@@ -20,7 +20,7 @@ from mtp_mask_fix.verify import verify
 def apply(target: Target, patches: list[Patch], *, python: str | None, wait: float = WAIT) -> tuple[str, Exit]:
     """The patch applied, then (with `python`) verified by behaviour; already fixed: nothing written, verified."""
 
-    def plan(verdict: Verdict):
+    def plan(verdict: Verdict, recovered: str):
         if fixed := already_fixed(verdict):
             return f"already fixed ({fixed}); nothing changed", None
         return f"applied ({verdict.detail})", _new_bytes(verdict)
@@ -31,7 +31,9 @@ def apply(target: Target, patches: list[Patch], *, python: str | None, wait: flo
 def revert(target: Target, patches: list[Patch], *, wait: float = WAIT) -> tuple[str, Exit]:
     """The patch taken out again: the files as the release (or the checkout's commit) has them."""
 
-    def plan(verdict: Verdict):
+    def plan(verdict: Verdict, recovered: str):
+        if verdict.state == State.APPLIES and recovered:  # what a killed apply left is put back: that is the release
+            return "the patch is not applied: the files are as before it", None
         if verdict.state == State.APPLIES:
             raise ToolError(f"{target.label}: the patch is not applied here: nothing to revert")
         if verdict.state == State.EQUIVALENT:
@@ -43,43 +45,60 @@ def revert(target: Target, patches: list[Patch], *, wait: float = WAIT) -> tuple
     return _write(target, patches, plan, python=None, wait=wait)
 
 
-def _write(
-    target: Target, patches: list[Patch], plan: Callable, *, python: str | None, wait: float
-) -> tuple[str, Exit]:
-    """Under the writer's lock: put back what a killed run left, then the plan's new bytes behind a journal, each file
-    replaced by a rename, verified with `python` (if given); rolled back unless it holds, or on a signal before the
-    end, which exits 128+n saying which."""
-    root, label, wrote, finished = target.root, target.label, False, "nothing changed"
-    with guard(), locked(root, label, exclusive=True, wait=wait) as share:
-        try:
+def _write(target: Target, patches: list[Patch], plan: Callable, *, python: str | None, wait: float):
+    """The plan's (verdict, what was put back) -> (what it does, the new bytes or None): where it writes nothing, done
+    under a reader's lock, beside other readers (most start-ups find the fix and only verify it); else as the writer."""
+    label, files = target.label, touched(target, patches)
+
+    def without_writing() -> str | None:
+        if journal.left(target.root, files) is None and (done := plan(check(target, patches), ""))[1] is None:
+            return f"{label}: {done[0]}{_verified(target, python, f'{done[0]}, but')}"
+        return None
+
+    try:
+        with guard(), journal.locked(target.root, label, wait=wait, unless=without_writing) as read:
+            return (read, Exit.OK) if read is not None else _as_writer(target, patches, plan, python)
+    except Interrupted as exc:  # waiting, or verifying what was already fixed: nothing was written
+        raise ToolError(f"{label}: interrupted by {exc.name}: nothing changed", exc.code) from None
+
+
+def _as_writer(target: Target, patches: list[Patch], plan: Callable, python: str | None) -> tuple[str, Exit]:
+    """Holding the writer's lock: what a killed run left put back, the new bytes behind a journal, each file replaced
+    by a rename, verified with `python` (if given); rolled back unless it holds, or on a signal before the end, which
+    exits 128+n saying which."""
+    root, label = target.root, target.label
+    wrote, finished, said = False, "nothing changed", ""
+    try:
+        with held():
+            said = journal.recover(root, label, target.release, touched(target, patches))
+            finished = f"it put back what an interrupted run left ({said})" if said else finished
+        recovered = f"{label}: put back what an interrupted run left ({said})\n" if said else ""
+        done, after = plan(check(target, patches), said)
+        if after is None:  # nothing to write; exit 0 still means verified where it trains
+            return f"{recovered}{label}: {done}{_verified(target, python, f'{done}, but')}", Exit.OK
+        before = {rel: (root / rel).read_bytes() for rel in after}
+        with held():
+            wrote = True
+            journal.write(root, target.release, before, after)
+        with held():
+            for rel, data in after.items():
+                journal.write_atomic(root / rel, data)
+        verified = _verified(target, python, "rolled back:")
+        with held():
+            journal.close(root)
+            finished = f"it had finished: {done}" + (" and verified" if python else "")
+        return f"{recovered}{label}: {done}{verified}", Exit.OK
+    except BaseException as exc:
+        rolled_back = ""
+        if wrote:
             with held():
-                said = journal.recover(root, label, target.release, touched(target, patches))
-            recovered = f"{label}: put back what an interrupted run left ({said})\n" if said else ""
-            done, after = plan(check(target, patches))
-            if after is None:  # nothing to write; exit 0 still means verified where it trains
-                share()
-                return f"{recovered}{label}: {done}{_verified(target, python, f'{done}, but')}", Exit.OK
-            before = {rel: (root / rel).read_bytes() for rel in after}
-            with held():
-                wrote = True
-                journal.write(root, target.release, before, after)
-            with held():
-                for rel, data in after.items():
-                    journal.write_atomic(root / rel, data)
-            verified = _verified(target, python, "rolled back:")
-            with held():
-                journal.close(root)
-                finished = f"it had finished: {done}" + (" and verified" if python else "")
-            return f"{recovered}{label}: {done}{verified}", Exit.OK
-        except BaseException as exc:
-            rolled_back = ""
-            if wrote:
-                with held():
-                    rolled_back = journal.recover(root, label, target.release, list(after))
-            if not isinstance(exc, Interrupted):
-                raise
-            state = "rolled back: the files are as before" if rolled_back else finished
-            raise ToolError(f"{label}: interrupted by {exc.name}: {state}", exc.code) from None
+                rolled_back = journal.recover(root, label, target.release, list(after))
+        if isinstance(exc, ToolError) and said and not wrote:  # it did change something: say what
+            raise ToolError(f"{label}: put back what an interrupted run left ({said}); then: {exc}", exc.code)
+        if not isinstance(exc, Interrupted):
+            raise
+        state = "rolled back: the files are as before" if rolled_back else finished
+        raise ToolError(f"{label}: interrupted by {exc.name}: {state}", exc.code) from None
 
 
 def _verified(target: Target, python: str | None, failed: str) -> str:

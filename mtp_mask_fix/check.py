@@ -15,10 +15,13 @@ from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.targets import Kind, Target
 
 
+COPIES = {"clone", "detach", "contiguous"}  # what hands the model the same mask in another tensor
+
+
 class State(Enum):
     """Where a target stands, its message and exit code; when the patches disagree, the first state here wins."""
 
-    INTERRUPTED = ("an interrupted run left {detail}; the next `apply` or `revert` puts it back first", Exit.FAILED)
+    INTERRUPTED = ("an interrupted run left {detail}", Exit.FAILED)
     LINKED = ("{detail} is a symlink: apply writes no link nor beyond one; name the tree that holds it", Exit.USAGE)
     APPLIES = ("the patch applies ({detail}); the bug is present: `apply` fixes it", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
@@ -68,12 +71,23 @@ def name(patch: Patch) -> str:
 
 
 def fix_present(source: str) -> bool:
-    """Whether `_forward_step_common` hands `loss_mask` to the model call in any form (an entry of forward_args, an
-    item assignment, a keyword of the call); passing it to `build_schedule_plan` does not count."""
+    """Whether `_forward_step_common` hands the batch's `loss_mask` itself to the model call (an entry of forward_args,
+    an item assignment, a keyword of the call; a copy of it, or it unless None), never a tensor made from it (all ones,
+    shifted): the file's text only, so a mask computed some other way is `verify`'s to judge. Passing it to
+    `build_schedule_plan` does not count."""
     try:
         module = ast.parse(source)
     except SyntaxError:
         return False
+
+    def the_mask(value) -> bool:
+        if isinstance(value, ast.IfExp):  # `loss_mask if ... else None`, and the other way round
+            return {the_mask(value.body), the_mask(value.orelse)} == {True, None}
+        if isinstance(value, ast.Constant) and value.value is None:
+            return None
+        copy = isinstance(value, ast.Call) and not value.args and getattr(value.func, "attr", "") in COPIES
+        return isinstance(value, ast.Name) and value.id == "loss_mask" or copy and the_mask(value.func.value) is True
+
     common = [f for f in ast.walk(module) if isinstance(f, ast.FunctionDef) and f.name == "_forward_step_common"]
     for node in [node for func in common for node in ast.walk(func)]:
         pairs = []  # (key, value); a key is a node (its `value` a constant's), or a keyword's name
@@ -83,10 +97,8 @@ def fix_present(source: str) -> bool:
             pairs = [(getattr(target, "slice", None), node.value) for target in node.targets]
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) != "build_schedule_plan":
             pairs = [(kw.arg, kw.value) for kw in node.keywords]
-        for key, value in pairs:
-            passed = any(isinstance(n, ast.Name) and n.id == "loss_mask" for n in ast.walk(value))
-            if getattr(key, "value", key) == "loss_mask" and passed:
-                return True
+        if any(getattr(key, "value", key) == "loss_mask" and the_mask(value) is True for key, value in pairs):
+            return True
     return False
 
 

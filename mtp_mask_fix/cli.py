@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from mtp_mask_fix import __version__, apply, check, journal, targets
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.journal import WAIT, locked
 from mtp_mask_fix.paths import PACKAGE
-from mtp_mask_fix.signals import Interrupted, guard
+from mtp_mask_fix.signals import SIGNALS, Interrupted, guard
 from mtp_mask_fix.verify import verify
 
 
@@ -56,28 +57,28 @@ def _target(args, python: str) -> targets.Target:
 
 def cmd_check(args) -> tuple[str, Exit]:
     target = _target(args, interpreter(args.python))
-    with locked(target.root, target.label, exclusive=False):  # a running apply or revert finishes first
-        verdict = check.check(target, check.candidates(args.patch))
+    with locked(target.root, target.label):  # a running apply or revert finishes first
+        verdict = check.check(target, check.candidates())
     return str(verdict), verdict.state.code
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
     python = interpreter(args.python)
-    target, patches = _target(args, python), check.candidates(args.patch)
+    target, patches = _target(args, python), check.candidates()
     return apply.apply(target, patches, python=None if args.no_verify else python, wait=args.wait)
 
 
 def cmd_revert(args) -> tuple[str, Exit]:
     target = _target(args, interpreter(args.python))
-    return apply.revert(target, check.candidates(args.patch), wait=args.wait)
+    return apply.revert(target, check.candidates(), wait=args.wait)
 
 
 def cmd_verify(args) -> tuple[str, Exit]:
     python = interpreter(args.python)
     target = _target(args, python)
-    with locked(target.root, target.label, exclusive=False):
-        if left := journal.left(target.root, check.touched(target, check.candidates(args.patch))):
-            raise ToolError(f"{target.label}: an interrupted run left {left}; `apply` puts it back", Exit.FAILED)
+    with locked(target.root, target.label):
+        if left := journal.left(target.root, check.touched(target, check.candidates())):
+            raise ToolError(f"{target.label}: an interrupted run left {left}", Exit.FAILED)
         delivered, reason = verify(target, python)
     if not delivered:
         raise ToolError(f"{target.label}: not verified with {python}: {reason}", Exit.FAILED)
@@ -85,10 +86,10 @@ def cmd_verify(args) -> tuple[str, Exit]:
 
 
 def cmd_status(args) -> tuple[str, Exit]:
-    patches = check.candidates(args.patch)  # the carried patch's block; judged as `check` judges, backports too
+    patches = check.candidates()  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
     target = _target(args, interpreter(args.python))
-    with locked(target.root, target.label, exclusive=False):
+    with locked(target.root, target.label):
         verdict = check.check(target, patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
 
@@ -113,7 +114,6 @@ def build_parser() -> argparse.ArgumentParser:
     def command(func, help, python):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
         p.set_defaults(func=func)
-        p.add_argument("--patch", type=Path, help="the patch to use (default: the first in patches/series)")
         p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; default: what --python imports")
         p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
         return p
@@ -137,22 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
     """Console entry point (also of maintain/'s commands): one line on stderr for any refusal, its exit code."""
-    try:
-        with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
+    with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
+        out = sys.stderr
+        try:
             args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
-            text, code = args.func(args)
-            print(text, end="\n" if text else "")
-    except ToolError as exc:
-        print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
-        code = exc.code
-    except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
-        reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
-        print(f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", file=sys.stderr)
-        code = Exit.FAILED
-    except OSError as exc:  # the file system refused what no check foresaw: said, never a traceback
-        print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
-        code = Exit.FAILED
-    except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
-        print(f"mtp-mask-fix: error: interrupted by {exc.name}", file=sys.stderr)
-        code = exc.code
+            (text, code), out = args.func(args), sys.stdout
+        except ToolError as exc:
+            text, code = f"mtp-mask-fix: error: {exc}", exc.code
+        except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
+            reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
+            text, code = f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", Exit.FAILED
+        except OSError as exc:  # the file system refused what no check foresaw: said, never a traceback
+            text, code = f"mtp-mask-fix: error: {exc}", Exit.FAILED
+        except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
+            text, code = f"mtp-mask-fix: error: interrupted by {exc.name}: nothing changed", exc.code
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the outcome stands: a signal from here on is not delivered
+    print(text, file=out, end="\n" if text else "")
     sys.exit(int(code))

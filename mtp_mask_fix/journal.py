@@ -8,6 +8,7 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -43,26 +44,36 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def locked(root: Path, label: str, *, exclusive: bool, wait: float = WAIT):
-    """flock(2) on TARGET's folder, shared (readers) or exclusive (a writer): it leaves no file behind and goes with
-    the process that held it, however it ended. Waits up to `wait` seconds, then refuses (Exit.BUSY). Yields `share`,
-    which turns a writer into a reader (flock converts it; a writer may come between)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+def locked(root: Path, label: str, *, wait: float = WAIT, unless=None):
+    """flock(2) on TARGET's folder: it leaves no file behind and goes with the process that held it, however it ended.
+    A reader's lock; with `unless`, a writer's, unless `unless()` (called under a reader's lock whenever the writer's
+    cannot be had) answers first: then it yields that answer, and readers that find nothing to write run side by side.
+    Waits up to `wait` seconds (saying so once), then refuses (Exit.BUSY). Yields None holding the writer's lock."""
+    fd, deadline, said = os.open(root, os.O_RDONLY | os.O_DIRECTORY), time.monotonic() + wait, False
 
-    def take(kind: int) -> None:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                return fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    held = f"another mtp-mask-fix process has held it for {wait:.0f} s"
-                    raise ToolError(f"{label}: {held}; nothing changed (run it again once that one ends)", Exit.BUSY)
-                time.sleep(0.05)
+    def got(kind: int) -> bool:
+        try:
+            return fcntl.flock(fd, kind | fcntl.LOCK_NB) is None
+        except BlockingIOError:
+            return False
 
     try:
-        take(fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield lambda: take(fcntl.LOCK_SH)
+        while True:
+            if got(fcntl.LOCK_SH):
+                if unless is None or (answer := unless()) is not None:
+                    break
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            if unless is not None and got(fcntl.LOCK_EX):
+                answer = None
+                break
+            if time.monotonic() >= deadline:
+                held = f"another mtp-mask-fix process held it for the whole wait ({wait:.0f} s)"
+                raise ToolError(f"{label}: {held}; nothing changed: run it again once that one ends", Exit.BUSY)
+            if not said and time.monotonic() >= deadline - wait + 2:  # a person waiting learns why
+                print(f"mtp-mask-fix: waiting for another mtp-mask-fix process on {label}", file=sys.stderr)
+                said = True
+            time.sleep(0.05)
+        yield answer if unless else None
     finally:
         os.close(fd)
 
@@ -105,10 +116,10 @@ def _leftovers(root: Path, files: list[str]) -> list[Path]:
 
 
 def left(root: Path, files: list[str]) -> str | None:
-    """What a killed write left, said of each file now; None when it left nothing."""
+    """What a killed write left, said of each file now, and the next step; None when it left nothing."""
     journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
     if journal is None:
-        return f"the temporary file {', '.join(stray)}" if stray else None
+        return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
     said = []
     for rel, (before, after) in journal[1].items():
         now = _now(root, rel)
@@ -116,7 +127,9 @@ def left(root: Path, files: list[str]) -> str | None:
             f"{rel} "
             + ("as before" if now == before else "patched, not verified" if digest(now) == after else "changed since")
         )
-    return f"{JOURNAL} ({', '.join(said) or UNREADABLE})"
+    if any(state.endswith("changed since") for state in said):
+        return f"{JOURNAL} ({', '.join(said)}): if the files are as you want them, remove {root / JOURNAL}"
+    return f"{JOURNAL} ({', '.join(said) or UNREADABLE}); the next `apply` or `revert` puts it back first"
 
 
 def recover(root: Path, label: str, release: str, files: list[str]) -> str:

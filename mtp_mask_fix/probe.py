@@ -5,9 +5,6 @@ the gpt_step.py it ran, whether the model received the batch's loss_mask, and wh
 imports torch and megatron, and nothing of the tool: it runs where only the target's own packages are installed."""
 
 import json
-import os
-import signal
-import sys
 from types import SimpleNamespace
 
 
@@ -80,20 +77,5 @@ def probe() -> dict:
     return {"file": gpt_step.__file__, "delivered": delivered, "reason": reason}
 
 
-def _die_with_parent(parent: int) -> None:
-    """A probe whose tool was killed (kill -9 leaves no one to stop it) ends at once: Linux's parent-death signal,
-    and the check that the parent is not already gone."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the parent's own signal handling stops it
-        pass
-    if os.getppid() != parent:
-        os._exit(1)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) > 1:  # the tool's pid
-        _die_with_parent(int(sys.argv[1]))
     print(json.dumps(probe()))

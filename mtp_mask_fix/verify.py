@@ -1,10 +1,13 @@
 """`verify`: whether the code a target holds hands the batch's loss_mask to a model with MTP on, judged by behaviour
 (probe.py) in the interpreter that trains."""
 
+import ctypes
 import json
 import os
 import re
+import signal
 import subprocess
+from functools import partial
 from pathlib import Path
 
 from mtp_mask_fix import probe
@@ -17,9 +20,15 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
     installed there, no module of its folder shadowing the target's), the target's import root first on the path.
     The probe ends with this process, however it ends."""
     path = os.pathsep.join(filter(None, [str(target.import_root), os.environ.get("PYTHONPATH")]))
-    run = [python, "-c", Path(probe.__file__).read_text(), str(os.getpid())]
-    env = dict(os.environ, PYTHONPATH=path)
-    result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=target.import_root)
+    run, env = [python, "-c", Path(probe.__file__).read_text()], dict(os.environ, PYTHONPATH=path)
+    result = subprocess.run(
+        run,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=target.import_root,
+        preexec_fn=partial(_ends_with, os.getpid()),
+    )
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:  # in the user's terms: the interpreter lacks what trains, or a probe bug
         error = (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -36,3 +45,14 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
     if not is_gpt_step_of(found["file"], target.import_root):
         return False, f"it imported gpt_step from {found['file']}, not from {target.label}"
     return found["delivered"], found["reason"]
+
+
+def _ends_with(parent: int) -> None:
+    """In the probe before it starts: killed when the tool dies (Linux's parent-death signal), kill -9 included, which
+    leaves no one to stop it; gone at once if the tool died before (elsewhere a Ctrl-C reaches its process group)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:
+        os._exit(1)

@@ -249,6 +249,22 @@ class TestJournal:
         refused(cli("apply", "--no-verify", root), 2, f"it was made for megatron-bridge {PINNED_RELEASE}")
         assert snapshot(root) == before
 
+    def test_check_names_the_step_that_works(self, cli, killed, release_root):
+        root = killed(PINNED_RELEASE)
+        assert "the next `apply` or `revert` puts it back first" in verdict(cli("check", root), 5)
+        install(release_root("0.5.1"), root)
+        assert f"if the files are as you want them, remove {root / JOURNAL}" in verdict(cli("check", root), 5)
+
+    def test_revert_after_a_killed_apply_puts_the_release_back(self, cli, killed, release_root):
+        root = killed(PINNED_RELEASE)
+        result = cli("revert", root)
+        assert (result.returncode, result.stderr) == (0, "")
+        assert result.stdout.startswith(f"{root}: put back what an interrupted run left")
+        assert result.stdout.endswith("the patch is not applied: the files are as before it\n")
+        assert (root / "megatron/bridge/training/gpt_step.py").read_bytes() == (
+            release_root(PINNED_RELEASE) / "megatron/bridge/training/gpt_step.py"
+        ).read_bytes()
+
     def test_the_same_release_put_back_by_a_reinstall(self, cli, killed, release_root, patched_gpt_step):
         root = killed(PINNED_RELEASE)
         install(release_root(PINNED_RELEASE), root)
@@ -272,17 +288,38 @@ class TestJournal:
 class TestOneWriterAtATime:
     """Every rank of a job runs `apply || exit 1` at start-up, on one target."""
 
-    def test_eight_applies_at_once(self, cli, tmp_path, probe_ok, site_packages, patched_gpt_step):
-        python = probe_ok(site_packages.root, seconds=0.5)
+    def test_eight_applies_at_once(self, cli, tmp_path, site_packages, patched_gpt_step):
+        """One writes; every one verifies, those that find the fix side by side (a probe's start and end each)."""
+        log = tmp_path / "probes.log"
+        found = f'{{"file": "{site_packages.gpt_step}", "delivered": true, "reason": "fake probe"}}'
+        python = fake_python(
+            tmp_path, "python", f"echo start $$ >>{log}; sleep 1; echo end $$ >>{log}; echo '{found}'"
+        )
         with ThreadPoolExecutor(8) as pool:
             runs = list(pool.map(lambda _: cli("apply", "--python", python, site_packages.root), range(8)))
         assert [run.returncode for run in runs] == [0] * 8, [run.stderr for run in runs]
-        assert all(run.stderr == "" for run in runs)
+        assert all(line.startswith("mtp-mask-fix: waiting") for run in runs for line in run.stderr.splitlines())
         said = sorted(run.stdout.split(": ", 1)[1].split(" (")[0] for run in runs)
         assert said == ["already fixed"] * 7 + ["applied"]
         assert all("verified with" in run.stdout for run in runs)
+        events, running, most = log.read_text().split(), 0, 0
+        for event in events[::2]:
+            running += 1 if event == "start" else -1
+            most = max(most, running)
+        assert len(events) == 2 * 16 and most > 1, log.read_text()  # 8 probes, one after the other would be 1
         assert site_packages.gpt_step.read_text() == patched_gpt_step
         assert not list(site_packages.root.rglob(f"*{JOURNAL}*")) and not list(site_packages.root.rglob("*.tmp"))
+
+    def test_a_reader_does_not_keep_apply_from_finding_the_fix(self, cli, probe_ok, site_packages):
+        """A verify (or check) holding the reader's lock: an apply that finds the fix verifies beside it."""
+        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+        held = os.open(site_packages.root, os.O_RDONLY)
+        try:
+            fcntl.flock(held, fcntl.LOCK_SH)
+            result = cli("apply", "--wait", "0.5", "--python", probe_ok(site_packages.root), site_packages.root)
+        finally:
+            os.close(held)
+        assert (result.returncode, result.stderr) == (0, "") and "already fixed" in result.stdout
 
     def test_a_writer_that_does_not_finish_in_time(self, cli, refused, snapshot, site_packages):
         before = snapshot(site_packages.root)
@@ -305,17 +342,13 @@ class TestStartUp:
     """A signal before the tool has read anything, and a probe whose tool is killed."""
 
     def test_the_handlers_come_before_the_rest_of_the_tool(self, tool_env):
-        """The console script's module loads nothing of the tool but the handlers and the exit codes: the rest
-        (argparse, subprocess, unidiff, git) loads under them."""
-        code = (
-            "import sys, mtp_mask_fix.__main__; print(sorted(m for m in sys.modules if m.startswith('mtp_mask_fix')))"
-        )
+        """The console script's module sets its handlers as it is imported, and loads nothing else of the tool: the
+        rest (argparse, subprocess, unidiff, git) loads under them."""
+        code = "import signal, sys, mtp_mask_fix.__main__ as m; "
+        code += "print(sorted(n for n in sys.modules if n.startswith('mtp_mask_fix')), "
+        code += "{signal.getsignal(s) is m._before_anything for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)})"
         done = subprocess.run([sys.executable, "-c", code], env=tool_env, capture_output=True, text=True)
-        assert (
-            done.stdout
-            == str(sorted(["mtp_mask_fix", "mtp_mask_fix.__main__", "mtp_mask_fix.errors", "mtp_mask_fix.signals"]))
-            + "\n"
-        ), done.stderr
+        assert done.stdout == "['mtp_mask_fix', 'mtp_mask_fix.__main__'] {True}\n", done.stderr
         script = (Path(sys.executable).parent / "mtp-mask-fix").read_text()
         assert "from mtp_mask_fix.__main__ import main" in script
 

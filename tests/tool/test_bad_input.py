@@ -6,7 +6,6 @@ command line; the table is every refusal a user can meet before the tool has wri
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -19,7 +18,7 @@ JOURNAL = ".mtp-mask-fix-journal.json"
 
 @dataclass
 class Case:
-    """A target kind, what to break, the command (TARGET, PATCH, PY: the inputs made), the exit code and the words the
+    """A target kind, what to break, the command (TARGET, PY: the inputs made), the exit code and the words the
     line must hold ({PY}: the interpreter made)."""
 
     target: str
@@ -28,41 +27,6 @@ class Case:
     code: int
     words: tuple[str, ...]
 
-
-def _patch_without_a_diff(patch, path: Path) -> None:
-    path.write_text(patch.text.split("\n---\n", 1)[0] + "\n")
-
-
-def _cut(marker: bytes):
-    def cut(patch, path: Path) -> None:
-        text = patch.text.encode()
-        path.write_bytes(text[: text.index(marker)])
-
-    return cut
-
-
-def _tests_only(patch, path: Path) -> None:
-    path.write_text(f"{patch.text.split(chr(10) + '---' + chr(10), 1)[0]}\n---\n\n{patch.part(src=False)}")
-
-
-def _creates_a_file(patch, path: Path) -> None:
-    new = "src/megatron/bridge/training/new_module.py"
-    diff = f"diff --git a/{new} b/{new}\nnew file mode 100644\n--- /dev/null\n+++ b/{new}\n@@ -0,0 +1 @@\n+x = 1\n"
-    path.write_text(patch.text.split("\n---\n", 1)[0] + "\n---\n\n" + diff)
-
-
-PATCHES_BROKEN = {
-    "truncated in the source hunk": _cut(b"     }\n+    if use_mtp:"),
-    "truncated at a file boundary": _cut(b"diff --git a/tests/unit_tests/training/test_gpt_step.py"),
-    "empty": lambda patch, path: path.write_bytes(b""),
-    "binary garbage": lambda patch, path: path.write_bytes(b"\x00\xff\xfe garbage \x13\x37\n" * 50),
-    "no diff": _patch_without_a_diff,
-    "CRLF line endings": lambda patch, path: path.write_bytes(patch.text.replace("\n", "\r\n").encode()),
-    "tests only": _tests_only,
-    "creates a file": _creates_a_file,
-}
-PATCH_WORDS = {"CRLF line endings": "CRLF line endings", "tests only": "changes to existing files"}
-PATCH_WORDS |= {"creates a file": "changes to existing files"}
 
 CASES = {
     # TARGET
@@ -99,30 +63,18 @@ CASES = {
     "an unknown command": Case("installed", "", ("frobnicate",), 2, ("invalid choice: 'frobnicate'",)),
     "no command": Case("installed", "", (), 2, ("required: command",)),
     "an unknown option": Case("installed", "", ("check", "--frobnicate"), 2, ("unrecognized arguments",)),
-    "an option without a value": Case("installed", "", ("check", "--patch"), 2, ("expected one argument",)),
-    "a missing patch": Case("git", "", ("apply", "--patch", "nope.patch", "TARGET"), 2, ("cannot read patch",)),
-}
-CASES |= {
-    f"a patch {name}": Case(
-        "git",
-        f"patch {name}",
-        ("apply", "--patch", "PATCH", "--no-verify", "TARGET"),
-        2,
-        (PATCH_WORDS.get(name, "corrupted"),),
-    )
-    for name in PATCHES_BROKEN
+    "an option without a value": Case("installed", "", ("check", "--python"), 2, ("expected one argument",)),
 }
 
 
 @pytest.fixture
-def broken(request, tmp_path, patch, edit):
-    """The case's target, broken as it says; returns (target root, the patch to pass, the interpreter, extra env)."""
+def broken(request, tmp_path, edit):
+    """The case's target, broken as it says; returns (target root, the interpreter, extra env)."""
     case = CASES[request.node.callspec.params["name"]]
     tree = request.getfixturevalue(
         {"installed": "site_packages", "tree": "source_tree", "git": "checkout"}[case.target]
     )
-    root, python, env, patch_file = tree.root, sys.executable, {}, tmp_path / "damaged.patch"
-    patch_file.write_text(patch.text)
+    root, python, env = tree.root, sys.executable, {}
     what = case.breaks
     if what == "missing":
         root = tmp_path / "no-such-dir"
@@ -159,9 +111,7 @@ def broken(request, tmp_path, patch, edit):
         python = fake_python(tmp_path, "python", "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1")
     elif what == "python hello":
         python = fake_python(tmp_path, "python", "echo hello")
-    elif what.startswith("patch "):
-        PATCHES_BROKEN[what.removeprefix("patch ")](patch, patch_file)
-    yield root, patch_file, python, env
+    yield root, python, env
     for path in (tree.gpt_step.parent, tree.root):
         if path.exists() and not path.is_symlink():
             path.chmod(0o755)
@@ -169,8 +119,8 @@ def broken(request, tmp_path, patch, edit):
 
 @pytest.mark.parametrize("name", CASES)
 def test_refused_in_one_line_and_nothing_changed(cli, tool_env, refused, snapshot, tmp_path, broken, name):
-    case, (root, patch_file, python, env) = CASES[name], broken
-    places = {"TARGET": str(root), "PATCH": str(patch_file), "PY": str(python)}
+    case, (root, python, env) = CASES[name], broken
+    places = {"TARGET": str(root), "PY": str(python)}
     argv = [places.get(arg, arg) for arg in case.argv]
     before = snapshot(tmp_path, PATCHES)
     refused(cli(*argv, env=dict(tool_env, **env)), case.code, *(word.format(**places) for word in case.words))

@@ -133,10 +133,15 @@ class TestFixPresent:
         fixed = release_gpt_step.replace(marker, '    forward_args["loss_mask"] = loss_mask\n\n' + marker)
         assert fix_present(fixed)
 
-    def test_other_values_are_not_the_fix(self, release_gpt_step):
+    @pytest.mark.parametrize(
+        "value", ["None", "torch.ones_like(loss_mask)", "loss_mask.roll(-1, -1)", "labels", "loss_mask[:, 1:]"]
+    )
+    def test_a_tensor_that_is_not_the_batchs_mask_is_not_the_fix(self, release_gpt_step, value):
         assert not fix_present(
-            release_gpt_step.replace(LABELS, LABELS.replace("    }", '        "loss_mask": None,\n    }'))
+            release_gpt_step.replace(LABELS, LABELS.replace("    }", f'        "loss_mask": {value},\n    }}'))
         )
+
+    def test_a_file_that_does_not_parse_is_not_the_fix(self):
         assert not fix_present("def _forward_step_common(:\n")
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from maintain.repo import REPO, VIEW
+from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import apply_diff
 from mtp_mask_fix.patch import Patch, series
 from mtp_mask_fix.paths import PATCHES
@@ -136,3 +137,43 @@ class TestRuff:
     def test_clean(self, command, target):
         result = subprocess.run([str(RUFF), *command, "--no-cache", target], cwd=REPO, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _head(patch) -> str:
+    return patch.text.split("\n---\n", 1)[0]
+
+
+NEW = "src/megatron/bridge/training/new_module.py"
+# name: (the damaged copy, made from the patch's text; what the refusal says)
+DAMAGED = {
+    "cut in the source hunk": (lambda p: p.text[: p.text.index("     }\n+    if use_mtp:")], "corrupted"),
+    "cut at a file boundary": (lambda p: p.text[: p.text.index(f"diff --git a/{UPSTREAM_TEST}")], "corrupted"),
+    "empty": (lambda p: "", "corrupted"),
+    "binary garbage": (lambda p: "\x00\xff\xfe garbage \x13\x37\n" * 50, "corrupted"),
+    "no diff": (lambda p: _head(p) + "\n", "corrupted"),
+    "CRLF line endings": (lambda p: p.text.replace("\n", "\r\n"), "CRLF line endings"),
+    "tests only": (lambda p: f"{_head(p)}\n---\n\n{p.part(src=False)}", "changes to existing files"),
+    "a file created": (
+        lambda p: (
+            f"{_head(p)}\n---\n\ndiff --git a/{NEW} b/{NEW}\nnew file mode 100644\n--- /dev/null\n+++ b/{NEW}\n"
+            "@@ -0,0 +1 @@\n+x = 1\n"
+        ),
+        "changes to existing files",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", DAMAGED)
+def test_a_damaged_patch_is_refused_in_one_line(patch, tmp_path, name):
+    """What `./run gate --patch` and `./run pr --patch` load: never a traceback, nor a patch read half."""
+    damaged, words = DAMAGED[name]
+    path = tmp_path / "damaged.patch"
+    path.write_bytes(damaged(patch).encode("utf-8", errors="surrogateescape"))
+    with pytest.raises(ToolError, match=words) as refused:
+        Patch.load(path)
+    assert refused.value.code == 2 and "\n" not in str(refused.value)
+
+
+def test_a_missing_patch_is_refused(tmp_path):
+    with pytest.raises(ToolError, match="cannot read patch"):
+        Patch.load(tmp_path / "nope.patch")
