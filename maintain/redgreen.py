@@ -93,16 +93,18 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["?"])[-1]
             raise ToolError(f"the pytest runner failed: {why}", Exit.FAILED)
-        runs = [_read(Path(out)) for out, *_ in specs]
+        runs = [read_run(Path(out)) for out, *_ in specs]
     for job, run in zip(jobs, runs):
         if stray := {f for f in run.gpt_step_files if not is_gpt_step_of(f, job.tree)}:  # what every verdict rests on
             raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
     return runs
 
 
-def _read(out: Path) -> Run:
-    """One session's records; a session killed before it began left no file: nothing ran."""
+def read_run(out: Path, under: str = "") -> Run:
+    """One session's records (of the tests whose node ids begin with `under`); a session killed before it began left
+    no file: nothing ran."""
     entries = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    entries = [e for e in entries if e["nodeid"].startswith(under)]
     return Run(
         {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
         {e["nodeid"] for e in entries if e["fail_to_pass"]},

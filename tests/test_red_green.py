@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from maintain.redgreen import Job, Outcome, Run, problems, run_many
+from maintain.redgreen import Job, Run, problems, read_run, run_many
 from maintain.repo import REPO, VIEW, WORK, pins, release
 from maintain.trees import materialise
 from mtp_mask_fix.paths import PACKAGE, is_gpt_step_of
@@ -25,14 +25,7 @@ SUITES = {"unit": "tests/unit_tests", "functional": "tests/functional"}
 
 def _this_session(suite_dir: str) -> Run:
     """What this session recorded for the tests under suite_dir (an empty Run if it ran none)."""
-    path = Path(os.environ["MTP_FIX_OUTCOMES"])
-    entries = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    entries = [e for e in entries if e["nodeid"].startswith(suite_dir + "/")]
-    return Run(
-        {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
-        {e["nodeid"] for e in entries if e["fail_to_pass"]},
-        {e["gpt_step"] for e in entries if e["gpt_step"]},
-    )
+    return read_run(Path(os.environ["MTP_FIX_OUTCOMES"]), suite_dir + "/")
 
 
 EARLY = {}

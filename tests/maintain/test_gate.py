@@ -53,7 +53,7 @@ class TestGate:
         git(tmp_path, "clone", "--quiet", str(checkout.root), str(other))
         (other / FIXED).write_text("# another upstream\n")
         git(other, "commit", "--quiet", "-am", "elsewhere")
-        trees = [gate.at(checkout(root)).root for root in (checkout.root, other)]
+        trees = [gate.at(checkout_target(root)).root for root in (checkout.root, other)]
         assert (trees[0] / FIXED).read_text() == checkout.gpt_step.read_text()
         assert (trees[1] / FIXED).read_text() == "# another upstream\n"
 
