@@ -1,6 +1,7 @@
 """`./run gate`: the verdict per target, and an exit code a CI job can act on."""
 
 from maintain import gate
+from maintain.repo import checkout as checkout_target
 from tests.support.targets import FIXED
 
 
