@@ -14,6 +14,17 @@ class TestBranch:
         git(checkout.root, "config", "user.email", SUBMITTER[1])
         return f"{SUBMITTER[0]} <{SUBMITTER[1]}>"
 
+    def test_where_upstreams_test_file_moved_on_the_branch_holds_the_source_alone(
+        self, branch, git, edit, checkout, patch, submitter
+    ):
+        edit(checkout, checkout.upstream_test, "_flops_seqlen_sum == 0\n", "_flops_seqlen_sum == 0  # moved on\n")
+        result = branch(checkout.root, "fix-6103")
+        assert result.returncode == 0, result.stderr
+        assert "source hunks only: upstream's test file has moved on" in result.stdout
+        assert changed_lines(PatchSet(git(checkout.root, "diff", "main", "fix-6103"))) == hunk_parts(
+            patch, src_only=True
+        )
+
     def test_branch_holds_one_signed_off_commit(self, branch, git, checkout, patch, submitter):
         main = git(checkout.root, "rev-parse", "main").strip()
         result = branch(checkout.root, "fix-6103")
