@@ -123,6 +123,7 @@ def anchors(tree: Path, checkout: Path, commit: str) -> dict:
     loops = [n.body for n in nodes if isinstance(n, ast.For)]
     rolls = [a for body in loops for x in ("mtp_labels", "loss_mask") for a in _assigns(body, x, f"roll_tensor({x}")]
     fallback = _assigns(nodes, "loss_mask", "torch.ones_like(")
+    fallback = [i for i in nodes if isinstance(i, ast.If) and any(a in i.body for a in fallback)] or fallback
     return {
         "use_mtp": _lines(_assigns(_nodes(read(FIXED_FILE), "_forward_step_common"), "use_mtp")[:1]),
         "falcon_h1_forward": falcon_h1_forward_lines(read(FALCON_H1)) if read(FALCON_H1) else None,
@@ -240,8 +241,9 @@ def render(patch: Patch, co_author: str | None) -> str:
         "(a) review of #6105: a general comment, then one comment per suggestion; each suggestion's first line says\n"
         f"which of #6105's lines it goes on (not part of the comment); they are committed as one batch\n{RULE}\n"
         f"{review}{RULE}\n\n"
-        "(b) PR body, only if #6105 stalls and its author, asked in #6105, agrees that it be carried forward\n"
-        f"(first `{trailer}`: a squash merge keeps the commit's trailers)\n{RULE}\n{text['pr_body']}{RULE}\n"
+        "(b) PR body, only if #6105 stalls and its author, asked in #6105, agrees that it be carried forward; open it\n"
+        "from the branch `./run branch` makes on current main (the commit authored and signed off by you: DCO), after\n"
+        f"`./run gate` there and `{trailer}`\n(a squash merge keeps the commit's trailers)\n{RULE}\n{text['pr_body']}{RULE}\n"
     )
 
 
