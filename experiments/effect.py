@@ -1,127 +1,188 @@
-"""What the bug costs through SFT: per seed the same pretraining, then three SFT settings, unpatched vs patched.
+"""What the bug costs the MTP head as a drafter: per seed the same pretraining, then SFT in four settings, the
+release as shipped against the release + patch, measured by speculative decoding on held-out prompts.
 
-Each arm is its own process with its own tree first on the import path (unpatched = the pinned release as shipped,
-patched = the tree under test, by default the view: release + patch), both at once; experiments.effect_arm says what
-an arm does. Every figure is measured in the run; nothing here asserts what the effect is.
+    ./run effect [--seeds A-B] [--out DIR]   seeds 0-9 x 4 settings, a short SFT (<= 4 min on 2 cores)
+    ./run effect --plateau                   the same, SFT to a plateau (prints its time)
 
-    ./run effect             the short run (<= 3 min on 2 cores): 5 seeds x 3 settings, 60 SFT steps
-    ./run effect --plateau   the same to 600 SFT steps (prints its time)
+Primary endpoint, fixed before any run: accepted tokens per verify step of greedy speculative decoding with the MTP
+head as a k=1 drafter (experiments.training.speculative), patched - unpatched, paired by seed. Alongside: the
+acceptance of the drafts without the closing EOS's draft (which saves no step), the acceptance of all drafts, the
+teacher-forced MTP top-1 on the answers (a prediction from the reference's prefix, not a speed-up), and per arm the
+logged minus the true acceptance (core's mtp_1_acceptance_rate against MTP top-1 on the loss positions).
 
-``run_effect(OUT, size)`` writes OUT/figures.json (format: experiments.figures) and OUT/effect.png, and keeps each
-arm's raw payload and log in OUT/arms/<arm>/.
+Each arm is a process with its own tree first on the import path (experiments.effect_arm says what it does). The
+setting `no-padding-mtp` gives the model an MTP mask of its own (prompt and answer, never padding), so it does not
+depend on the tree; its runs are split between the two processes by seed, and the suite checks that both trees give
+it bit-identical weights. Every figure is measured in the run; nothing here asserts what the effect is.
+
+figures.json (--out; every number measured in the run):
+
+    size ("short" | "plateau" | "small"), seeds, plan, model, wall_seconds, metrics (id: label; PRIMARY first)
+    arms.<arm>            "unpatched" (the release as shipped) | "patched" (the tree under test): tree, gpt_step_file,
+                          runs (per seed, the settings it ran), pretrained_weights_sha256 (per seed),
+                          sft_data_sha256 / fine_tuned_weights_sha256 (per setting, per seed: null where not run),
+                          pretrain_seconds, fine_tune_seconds (wall), cpu_seconds (theirs in CPU time), peak_rss_mib
+    same_pretrained_weights, same_data   both arms started from equal weights and saw equal batches (hashes)
+    shared_runs_equal     for a run both arms made (a setting whose MTP mask is the experiment's): equal weights
+    pretrain              per seed: lm_loss_first, lm_loss_last, held-out lm_top1 and mtp_top1 (every position)
+    settings.<setting>    description; conclusion (one line, from the intervals); runs.<label> (the arm that ran it,
+                          per seed: where; step_one: SFT step 1's figures, each per seed; final.<metric> and
+                          curves.teacher-forced: per seed, per evaluation step); step_one_mix (share of the MTP
+                          targets per role) and step_one_ce (MTP CE per role, per seed: the same in every run);
+                          contrasts: [{name, control, treatment, <metric>: experiments.stats.summary of the paired
+                          differences}]; logged_minus_true.<label>: summary over seeds (the Bridge arms only)
 """
 
 import json
 import math
 import statistics
-import time
-from pathlib import Path
+import sys
 
-from experiments.effect_arm import DESCRIPTIONS
-from experiments.figures import ARMS, METRICS, cite, effect_dir, interval, patch_key, run_label, summary_line
+from experiments import command, stats
+from experiments.effect_arm import SETTINGS, Plan
 from experiments.synthetic import ROLES
-from maintain.repo import VIEW, pins, release
 from tinymodel.reference import loss_mass_on_masked
-from tinymodel.worker import Launch, Started
 
 
-TIMEOUT_S = {"small": 300, "short": 600, "plateau": 3600}  # an arm still running then is killed (the worker's rule)
-THRESHOLD_FRACTION = 0.9  # steps to threshold: the step from which a metric stays at this share of the better final
-STEP_ONE = (  # (label, figure, format)
-    ("mtp_1 loss (logged)", "mtp_1_loss", "{:.3f}"),
-    ("grad norm", "grad_norm", "{:.3f}"),
-    ("LM loss", "lm_loss", "{:.3f}"),
-    ("share of MTP loss mass on masked positions", "mtp_loss_mass_on_masked", "{:.3f}"),
-    ("logged acceptance (mtp_1_acceptance_rate)", "logged_acceptance", "{:.3f}"),
-)
-TABLE_METRICS = ("teacher-forced", "speculative", "tokens-per-step", "logged", "teacher-forced-answers", "lm-top1")
+PRIMARY = "tokens-per-step"
+METRICS = {  # id: what it is (each over the same held-out prompts, after the last SFT step)
+    PRIMARY: "accepted tokens per verify step (k=1 MTP draft; the primary endpoint)",
+    "acceptance-without-eos": "acceptance of the drafts, the closing EOS's draft left out",
+    "acceptance": "acceptance of every draft",
+    "teacher-forced": "teacher-forced MTP top-1 on the answers (not a speed-up)",
+}
+SHORT = {  # row labels
+    PRIMARY: "tokens per verify step",
+    "acceptance-without-eos": "acceptance without the EOS draft",
+    "acceptance": "acceptance",
+    "teacher-forced": "teacher-forced top-1",
+    "eos-share": "EOS drafts / drafts",
+    "answer-tokens": "tokens per answer",
+}
+DESCRIPTIVE = {  # per run, no contrast
+    "eos-share": "share of the drafts that draft the closing EOS",
+    "answer-tokens": "tokens per greedy answer (its EOS included)",
+}
+STEP_ONE = {
+    "mtp_1_loss": "mtp_1 loss (logged)",
+    "grad_norm": "grad norm",
+    "lm_loss": "LM loss",
+    "mtp_loss_mass_on_prompt": "MTP loss mass on the prompt",
+    "mtp_loss_mass_on_padding": "MTP loss mass on padding",
+}
+SIZES = {  # Plan fields per size, over Plan's defaults (`./run effect`: "short")
+    "short": {},
+    "plateau": {"sft_steps": 600, "eval_every": 100},
+    "small": {
+        "pretrain_steps": 8,
+        "sft_steps": 3,
+        "eval_every": 3,
+        "eval_batches": 1,
+        "batch": 8,
+        "pretrain_batch": 8,
+    },
+}
+TIMEOUT_S = {"small": 300, "short": 900, "plateau": 7200}  # an arm still running then is killed (the worker's rule)
+BRIDGE = ("same-language", "distinct-answers", "padding-only")  # what the tree decides: run by both arms
+SHARED = "no-padding-mtp"  # what the experiment decides: run by one arm per seed (by both in the suite's small run)
+# Per setting: its runs (label: the arm that made it and the setting it ran; None: either arm) and its contrasts
+# (name, control, treatment, what the treatment is).
+VIEWS = {
+    **{
+        name: {
+            "runs": {arm: (arm, name) for arm in command.ARMS},
+            "contrasts": [("the fix", "unpatched", "patched", "the fix")],
+        }
+        for name in BRIDGE
+    },
+    SHARED: {
+        "runs": {
+            "unpatched": ("unpatched", "same-language"),
+            "no padding in MTP": (None, SHARED),
+            "patched": ("patched", "same-language"),
+        },
+        "contrasts": [
+            ("padding out of the MTP loss", "unpatched", "no padding in MTP", "masking the padding"),
+            ("prompt out of the MTP loss", "no padding in MTP", "patched", "masking the prompt"),
+        ],
+    },
+}
 
 
-def _ratio(sums: dict, hits: str, counted: str) -> float | None:
-    """hits / counted; None when nothing was counted (e.g. no draft proposed: every greedy answer ended at once)."""
-    return sums[hits] / sums[counted] if sums[counted] else None
+def plans(size: str, seeds: tuple[int, ...]) -> dict[str, Plan]:
+    """Each arm's plan: every Bridge setting per seed, and the shared setting for every other seed (both, in the
+    small run: the suite compares them)."""
+    runs = {arm: [] for arm in command.ARMS}
+    for i, _ in enumerate(seeds):
+        for j, arm in enumerate(command.ARMS):
+            shared = (SHARED,) if size == "small" or i % 2 == j else ()
+            runs[arm].append(BRIDGE + shared)
+    return {arm: Plan(seeds=seeds, runs=tuple(runs[arm]), **SIZES[size]) for arm in command.ARMS}
 
 
-def held_out_metrics(sums: dict) -> dict[str, float]:
-    """METRICS from one evaluation's sums (experiments.training)."""
+def start_effect(size: str, seeds: tuple[int, ...], trees: dict | None = None) -> command.Arms:
+    """Both arms started, not awaited (finish_effect takes them). ``trees``: default the release and the view."""
+    trees = trees or command.trees()
+    arm_plans = {a: p.to_json() for a, p in plans(size, seeds).items()}
+    return command.Arms("experiments.effect_arm:measure", trees, arm_plans, TIMEOUT_S[size])
+
+
+def finish_effect(arms: command.Arms, size: str) -> dict:
+    """Wait for both arms; the figures, as figures.json holds them."""
+    figures = figures_of(size, arms.trees, arms.wait())
+    figures["wall_seconds"] = arms.seconds()
+    return json.loads(json.dumps(figures))  # exactly what the file holds (tuples become lists)
+
+
+# ---------------------------------------------------------------- figures from the arms' payloads
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None  # None: nothing counted (e.g. no draft: every greedy answer ended at once)
+
+
+def _teacher_forced(sums: dict) -> float | None:
+    """MTP depth-1 top-1 on the answer targets of one evaluation."""
+    return _ratio(sums["mtp_answer_hits"], sums["mtp_answer_counted"])
+
+
+def _logged_minus_true(sums: dict) -> float:
+    """Core's logged acceptance minus MTP depth-1 top-1 on the loss positions (what it logs with the mask)."""
+    return sums["logged_acceptance"] - _ratio(sums["mtp_hits"], sums["mtp_counted"])
+
+
+def final_metrics(run: dict) -> dict[str, float | None]:
+    """METRICS and DESCRIPTIVE of one run, after its last SFT step."""
+    spec, last = run["speculative"], run["evals"][max(run["evals"])]
     return {
-        "teacher-forced": _ratio(sums, "mtp_hits", "mtp_counted"),
-        "speculative": _ratio(sums, "spec_accepted", "spec_proposed"),
-        "tokens-per-step": _ratio(sums, "spec_tokens", "spec_steps"),
-        "logged": sums["logged_acceptance"],
-        "teacher-forced-answers": _ratio(sums, "mtp_answer_hits", "mtp_answer_counted"),
-        "mtp-ce": _ratio(sums, "mtp_ce_sum", "mtp_counted"),
-        "lm-top1": _ratio(sums, "lm_hits", "lm_counted"),
+        PRIMARY: _ratio(spec["tokens"], spec["steps"]),
+        "acceptance-without-eos": _ratio(
+            spec["accepted"] - spec["eos_accepted"], spec["proposed"] - spec["eos_proposed"]
+        ),
+        "acceptance": _ratio(spec["accepted"], spec["proposed"]),
+        "teacher-forced": _teacher_forced(last),
+        "eos-share": _ratio(spec["eos_proposed"], spec["proposed"]),
+        "answer-tokens": _ratio(spec["tokens"] + spec["answers"], spec["answers"]),
+        "logged-minus-true": _logged_minus_true(last),
     }
 
 
-def spread(values: list[float | None]) -> dict:
-    """Mean and sd (n - 1) of the per-seed values that exist (n of them), with the values."""
-    defined = [v for v in values if v is not None]
-    return {
-        "mean": statistics.fmean(defined) if defined else None,
-        "sd": statistics.stdev(defined) if len(defined) > 1 else 0.0,
-        "n": len(defined),
-        "values": values,
-    }
-
-
-def paired(unpatched: list[float], patched: list[float]) -> dict:
-    """Patched - unpatched per seed, with the 95 % t-interval of the mean difference (n - 1 degrees of freedom)."""
-    from scipy.stats import t
-
-    diffs = [p - u for u, p in zip(unpatched, patched) if u is not None and p is not None]
-    out = {**spread(diffs), "ci95": None}  # None: fewer than 2 seeds, no interval
-    if len(diffs) > 1:
-        half = t.ppf(0.975, len(diffs) - 1) * out["sd"] / math.sqrt(len(diffs))
-        out["ci95"] = [out["mean"] - half, out["mean"] + half]
-    return out
-
-
-def _settled(steps: list[int], values: list[float], threshold: float) -> int | None:
-    """The first evaluation step from which every later value is at or above the threshold (None: the last is not)."""
-    first = None
-    for step, value in zip(steps, values):
-        if value is not None:  # no value (nothing counted) neither reaches nor leaves the threshold
-            first = None if value < threshold else step if first is None else first
-    return first
-
-
-def _to_threshold(steps: list[int], curves: dict[str, list[list[float]]]) -> dict:
-    """Per arm and seed, the step from which the metric stays at or above THRESHOLD_FRACTION of the seed's better
-    final value (a metric can start above it and dip: speculative acceptance before SFT is the pretrained heads'
-    agreement on their own language)."""
-    seeds = len(curves["patched"][0])
-    finals = [[curves[arm][-1][s] for arm in ARMS if curves[arm][-1][s] is not None] for s in range(seeds)]
-    thresholds = [THRESHOLD_FRACTION * max(values) if values else math.inf for values in finals]
-    first = {
-        arm: [_settled(steps, [row[s] for row in curves[arm]], thresholds[s]) for s in range(seeds)] for arm in ARMS
-    }
-    both = [s for s in range(seeds) if all(first[arm][s] is not None for arm in ARMS)]
-    return {
-        "threshold_fraction": THRESHOLD_FRACTION,
-        "thresholds": thresholds,
-        **first,
-        "paired_diff": paired([first["unpatched"][s] for s in both], [first["patched"][s] for s in both])
-        if len(both) > 1
-        else None,
-    }
-
-
-def _step_one(run: dict) -> dict:
-    step = run["step_one"]
+def step_one_figures(step: dict) -> dict[str, float]:
+    """SFT step 1 as the report logs it, and where the MTP loss mass went."""
+    ce, weight, role = step["mtp_ce"], step["mtp_loss_weight"], step["target_role"]
     return {
         "mtp_1_loss": step["logged"]["mtp_1 loss"],
         "grad_norm": step["grad_norm"],
         "lm_loss": step["lm_loss"],
-        "mtp_loss_mass_on_masked": loss_mass_on_masked(step["mtp_ce"], step["mtp_loss_weight"], step["mtp_mask"]),
-        "logged_acceptance": step["logged"]["mtp_1_acceptance_rate"] / 100,  # core logs percent
+        **{
+            f"mtp_loss_mass_on_{name}": loss_mass_on_masked(ce, weight, (role != ROLES.index(name)).float())
+            for name in ("prompt", "padding")
+        },
     }
 
 
-def _ce_by_role(run: dict) -> dict[str, float]:
+def role_means(step: dict) -> dict[str, float | None]:
     """Step 1's MTP depth-1 CE, mean over the targets of each role (before the first update: weights as loaded)."""
-    step = run["step_one"]
     out = {}
     for i, role in enumerate(ROLES):
         where = step["target_role"] == i
@@ -129,58 +190,82 @@ def _ce_by_role(run: dict) -> dict[str, float]:
     return out
 
 
-def _conclusion(setting: str, metrics: dict) -> str:
-    parts = []
-    for metric in ("teacher-forced", "speculative"):
-        diff = metrics[metric]["final"]["paired_diff"]
-        low, high = diff["ci95"] or (-math.inf, math.inf)
-        verdict = "higher patched" if low > 0 else "lower patched" if high < 0 else "no difference shown (0 inside)"
-        parts.append(f"{metric} {verdict}: {interval(diff)}")
-    return f"{setting}: " + "; ".join(parts)
-
-
-def _setting_figures(setting: str, runs: dict[str, list[dict]], steps: list[int]) -> dict:
-    """One data setting: runs[arm] are that arm's runs of this setting, one per seed, in the same seed order."""
-    roles = [r["step_one"]["target_role"] for r in runs["patched"]]  # the same batches in both arms
-    step_one = {arm: [_step_one(r) for r in runs[arm]] for arm in ARMS}
-    by_role = {arm: [_ce_by_role(r) for r in runs[arm]] for arm in ARMS}
-    metrics = {}
-    for metric, label in METRICS.items():
-        curves = {arm: [[held_out_metrics(r["evals"][s])[metric] for r in runs[arm]] for s in steps] for arm in ARMS}
-        final = {arm: spread(curves[arm][-1]) for arm in ARMS}
-        metrics[metric] = {
-            "label": label,
-            "steps": steps,
-            **curves,
-            "final": {**final, "paired_diff": paired(curves["unpatched"][-1], curves["patched"][-1])},
-            "to_threshold": _to_threshold(steps, curves),
+def _setting_figures(name: str, pick) -> dict:
+    """One setting's runs and contrasts; ``pick(arm, setting)``: per seed, that arm's run (None: either arm's)."""
+    view = VIEWS[name]
+    picked = {label: pick(*where) for label, where in view["runs"].items()}
+    runs = {}
+    for label, seeded in picked.items():
+        finals = [final_metrics(run) for _, run in seeded]
+        firsts = [step_one_figures(run["step_one"]) for _, run in seeded]
+        runs[label] = {
+            "where": [arm for arm, _ in seeded],
+            "step_one": {key: [f[key] for f in firsts] for key in firsts[0]},
+            "final": {key: [f[key] for f in finals] for key in finals[0]},
+            "curves": {
+                "steps": sorted(seeded[0][1]["evals"]),
+                **{
+                    key: [[of(r["evals"][s]) for _, r in seeded] for s in sorted(seeded[0][1]["evals"])]
+                    for key, of in (("teacher-forced", _teacher_forced), ("logged-minus-true", _logged_minus_true))
+                },
+            },
         }
+    first = next(iter(picked.values()))
+    roles = [run["step_one"]["target_role"] for _, run in first]
+    contrasts = []
+    for contrast, control, treatment, what in view["contrasts"]:
+        a, b = runs[control]["final"], runs[treatment]["final"]
+        contrasts.append(
+            {"name": contrast, "control": control, "treatment": treatment, "what": what}
+            | {metric: stats.paired(a[metric], b[metric]) for metric in METRICS}
+        )
     return {
-        "description": DESCRIPTIONS[setting],
-        "conclusion": _conclusion(setting, metrics),
-        "step_one": {
-            "mix": {
-                name: statistics.fmean(float((role == i).float().mean()) for role in roles)
-                for i, name in enumerate(ROLES)
-            },
-            "mtp_ce_by_role": {
-                role: {arm: spread([ce[role] for ce in by_role[arm]]) for arm in ARMS} for role in ROLES
-            },
-            **{f: {arm: spread([x[f] for x in step_one[arm]]) for arm in ARMS} for f in step_one["patched"][0]},
+        "description": SETTINGS[name].description,
+        "runs": runs,
+        "step_one_mix": {
+            role: statistics.fmean(float((r == i).float().mean()) for r in roles) for i, role in enumerate(ROLES)
         },
-        "metrics": metrics,
+        "step_one_ce": {label: [role_means(run["step_one"]) for _, run in seeded] for label, seeded in picked.items()},
+        "contrasts": contrasts,
+        "logged_minus_true": {
+            label: stats.summary(runs[label]["final"]["logged-minus-true"])
+            for label, (arm, _) in view["runs"].items()
+            if name in BRIDGE
+        },
+        "conclusion": conclusion(name, contrasts),
     }
 
 
-def figures_of(size: str, trees: dict[str, Path], arms: dict[str, dict]) -> dict:
-    """The figures (format: experiments.figures) from each arm's raw payload."""
-    plan = arms["patched"]["plan"]
-    runs = {arm: arms[arm]["runs"] for arm in ARMS}
-    pretrain = arms["unpatched"]["pretrain"]
+def conclusion(name: str, contrasts: list[dict]) -> str:
+    """One line: per contrast, the verdict of the primary endpoint and of two others, with intervals and seed counts."""
+    parts = []
+    for c in contrasts:
+        items = []
+        for metric in (PRIMARY, "acceptance-without-eos", "teacher-forced"):
+            s = c[metric]
+            verdict = f"{stats.verdict(s, c['what'])}, " if s["ci95"] is not None else ""
+            items.append(f"{SHORT[metric]}: {verdict}{stats.interval(s)} ({stats.signs(s)})")
+        parts.append(f"{c['name']}: " + "; ".join(items))
+    return f"{name}: " + " | ".join(parts)
+
+
+def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
+    """The figures (format: this module's docstring) from each arm's raw payload."""
+    plan = payloads["unpatched"]["plan"]
+    seeds = plan["seeds"]
+    by_arm = {arm: {(r["setting"], r["seed"]): r for r in payloads[arm]["runs"]} for arm in command.ARMS}
+
+    def pick(arm: str | None, setting: str) -> list[tuple[str, dict]]:
+        arms = command.ARMS if arm is None else (arm,)
+        return [next((a, by_arm[a][(setting, s)]) for a in arms if (setting, s) in by_arm[a]) for s in seeds]
+
+    settings = (*BRIDGE, SHARED)
+    pretrain = payloads["unpatched"]["pretrain"]
     return {
-        "key": patch_key(),
         "size": size,
-        "plan": plan,
+        "seeds": seeds,
+        "plan": {k: v for k, v in plan.items() if k != "runs"},
+        "metrics": METRICS | DESCRIPTIVE,
         "model": {
             "spec": "megatron-core GPTModel, local spec + MTP block, fp32, CPU; SFT steps via Bridge's forward_step",
             "parameters": pretrain[0]["num_parameters"],
@@ -190,201 +275,188 @@ def figures_of(size: str, trees: dict[str, Path], arms: dict[str, dict]) -> dict
         "arms": {
             arm: {
                 "tree": str(trees[arm]),
-                "gpt_step_file": arms[arm]["gpt_step_file"],
-                "pretrained_weights_sha256": [p["weights_sha256"] for p in arms[arm]["pretrain"]],
-                "sft_data_sha256": [r["data_sha256"] for r in runs[arm]],
-                "fine_tuned_weights_sha256": [r["weights_sha256"] for r in runs[arm]],
-                **{key: arms[arm][key] for key in ("import_seconds", "pretrain_seconds", "fine_tune_seconds")},
-                "peak_rss_mib": arms[arm]["peak_rss_mib"],
+                "gpt_step_file": payloads[arm]["gpt_step_file"],
+                "runs": payloads[arm]["plan"]["runs"],
+                "pretrained_weights_sha256": [p["weights_sha256"] for p in payloads[arm]["pretrain"]],
+                **{
+                    key: {
+                        setting: [by_arm[arm].get((setting, s), {}).get(field) for s in seeds] for setting in settings
+                    }
+                    for key, field in (
+                        ("sft_data_sha256", "data_sha256"),
+                        ("fine_tuned_weights_sha256", "weights_sha256"),
+                    )
+                },
+                **{key: payloads[arm][key] for key in ("pretrain_seconds", "fine_tune_seconds", "cpu_seconds")},
+                "peak_rss_mib": payloads[arm]["peak_rss_mib"],
             }
-            for arm in ARMS
+            for arm in command.ARMS
         },
-        "same_pretrained_weights": len({tuple(p["weights_sha256"] for p in arms[a]["pretrain"]) for a in ARMS}) == 1,
-        "same_data": len(
-            {(*(p["data_sha256"] for p in arms[a]["pretrain"]), *(r["data_sha256"] for r in runs[a])) for a in ARMS}
+        "same_pretrained_weights": len(
+            {tuple(p["weights_sha256"] for p in payloads[a]["pretrain"]) for a in command.ARMS}
         )
         == 1,
+        "same_data": all(
+            by_arm["unpatched"][key]["data_sha256"] == run["data_sha256"]
+            for key, run in by_arm["patched"].items()
+            if key in by_arm["unpatched"]
+        ),
+        "shared_runs_equal": [
+            by_arm["unpatched"][key]["weights_sha256"] == run["weights_sha256"]
+            for key, run in by_arm["patched"].items()
+            if key in by_arm["unpatched"] and key[0] == SHARED
+        ],
         "pretrain": [
             {
                 "seed": seed,
                 "lm_loss_first": p["lm_loss_first"],
                 "lm_loss_last": p["lm_loss_last"],
-                "lm_top1": _ratio(p["held_out"], "lm_hits", "lm_counted"),
-                "mtp_top1": _ratio(p["held_out"], "mtp_hits", "mtp_counted"),
+                "lm_top1": _ratio(p["held_out"]["lm_hits"], p["held_out"]["lm_counted"]),
+                "mtp_top1": _ratio(p["held_out"]["mtp_hits"], p["held_out"]["mtp_counted"]),
             }
-            for seed, p in zip(plan["seeds"], pretrain)
+            for seed, p in zip(seeds, pretrain)
         ],
-        "settings": {
-            setting: _setting_figures(
-                setting, {arm: [r for r in runs[arm] if r["setting"] == setting] for arm in ARMS}, plan["eval_steps"]
-            )
-            for setting in plan["settings"]
-        },
+        "settings": {name: _setting_figures(name, pick) for name in settings},
     }
 
 
-def _plot(figures: dict, path: Path) -> None:
-    import matplotlib
+# ---------------------------------------------------------------- the printout
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    settings = figures["settings"]
-    rows = ("teacher-forced", "speculative", "tokens-per-step")
-    fig, axes = plt.subplots(len(rows), len(settings), figsize=(4.6 * len(settings), 8), squeeze=False, sharex=True)
-    colors = {"unpatched": "tab:red", "patched": "tab:blue"}
-    for column, (setting, data) in enumerate(settings.items()):
-        for row, metric in enumerate(rows):
-            ax, curves = axes[row, column], data["metrics"][metric]
-            for arm in ARMS:
-                means = [spread(v)["mean"] for v in curves[arm]]
-                means = [math.nan if m is None else m for m in means]
-                ax.plot(curves["steps"], means, marker="o", ms=3, color=colors[arm], label=arm)
-                for s in range(len(curves[arm][0])):
-                    seed = [math.nan if v[s] is None else v[s] for v in curves[arm]]
-                    ax.plot(curves["steps"], seed, color=colors[arm], alpha=0.2, lw=0.8)
-            ax.grid(alpha=0.3)
-            if column == 0:
-                ax.set_ylabel(metric)
-            if row == 0:
-                ax.set_title(f"setting: {setting}", fontsize=10)
-            if row == len(rows) - 1:
-                ax.set_xlabel("SFT step")
-    axes[0, 0].legend(title="mean over seeds (thin: each seed)", fontsize=8)
-    fig.suptitle(
-        "MTP depth 1 on held-out batches through SFT, same weights and batches in both arms\n" + run_label(figures),
-        fontsize=10,
+def _mean(values: list[float | None]) -> str:
+    defined = [v for v in values if v is not None]
+    return f"{statistics.fmean(defined):.3f}" if defined else "-"
+
+
+def run_label(figures: dict) -> str:
+    """Size and seeds of a run, and the model: what every printed figure carries."""
+    seeds, plan = figures["seeds"], figures["plan"]
+    listed = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
+    return (
+        f"size {figures['size']} ({plan['sft_steps']} SFT steps), seeds {listed} (n={len(seeds)}), "
+        f"tiny model ({figures['model']['parameters']} parameters)"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def citations(figures: dict) -> dict:
-    """The lines a text may cite, each with its setting, size and seeds: what `pr` reads (it imports no experiment)."""
-    return {
-        "summary": summary_line(figures),
-        **{
-            setting: {m: cite(figures, setting, m) for m in ("teacher-forced", "speculative")}
-            for setting in figures["settings"]
-        },
-    }
-
-
-def run_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -> dict:
-    """Run both arms (one process each, at once), write out_dir/figures.json and out_dir/effect.png, return the
-    figures. ``trees``: unpatched and patched trees (default: the pinned release and the view)."""
-    return finish_effect(start_effect(out_dir, size, trees))
-
-
-def start_effect(out_dir: Path, size: str, trees: dict[str, Path] | None = None) -> tuple:
-    """Both arms started, not awaited (what finish_effect takes)."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    trees = trees or {"unpatched": release(pins()["megatron-bridge"]).root, "patched": VIEW}
-    runs = [Launch("effect", trees[arm], 1, out_dir / "arms" / arm, ("--size", size)) for arm in ARMS]
-    return out_dir, size, trees, time.perf_counter(), Started(runs, timeout=TIMEOUT_S[size])
-
-
-def finish_effect(started_effect: tuple) -> dict:
-    """Wait for both arms; write out_dir/figures.json and out_dir/effect.png; return the figures."""
-    out_dir, size, trees, started, arms = started_effect
-    payloads = {arm: ranks[0] for arm, ranks in zip(ARMS, arms.wait())}
-    figures = figures_of(size, trees, payloads)
-    figures["wall_seconds"] = time.perf_counter() - started
-    figures["citations"] = citations(figures)
-    text = json.dumps(figures, indent=1)
-    (out_dir / "figures.json").write_text(text)
-    figures = json.loads(text)  # exactly what the file holds (tuples become lists)
-    _plot(figures, out_dir / "effect.png")
-    return figures
-
-
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-def _diff(diff: dict | None) -> str:
-    return "n < 2" if diff is None else f"{interval(diff)} (n={diff['n']})"
 
 
 def format_tables(figures: dict) -> str:
-    """Per setting: step 1 (CE by role, the logged figures), then each metric at the last step and to threshold."""
-    plan, lines = figures["plan"], [f"== {run_label(figures)}"]
-    pre = figures["pretrain"]
-    lines.append(
-        f"pretraining ({plan['pretrain_steps']} steps per seed): LM loss "
-        f"{statistics.fmean(p['lm_loss_first'] for p in pre):.3f} -> {statistics.fmean(p['lm_loss_last'] for p in pre):.3f}, "
-        f"held-out top-1 LM {statistics.fmean(p['lm_top1'] for p in pre):.3f}, "
-        f"MTP {statistics.fmean(p['mtp_top1'] for p in pre):.3f} (mean over seeds); same pretrained weights in both "
-        f"arms: {figures['same_pretrained_weights']}, same data: {figures['same_data']}"
-    )
-    width = 46
-    for setting, data in figures["settings"].items():
-        one = data["step_one"]
-        mix = ", ".join(f"{name} {share:.1%}" for name, share in one["mix"].items())
-        lines += ["", f"== setting {setting}: {data['description']}"]
-        lines.append(f"SFT step 1 (same weights and batch in both arms), mean over seeds; MTP targets: {mix}")
-        lines.append(f"{'':{width}}  {'unpatched':>10}  {'patched':>10}")
+    """Per setting: SFT step 1 (CE by role, the logged figures), then the endpoints after the last step, the paired
+    differences and one conclusion line."""
+    plan, pre = figures["plan"], figures["pretrain"]
+    lines = [
+        f"== {run_label(figures)}",
+        f"pretraining ({plan['pretrain_steps']} steps per seed, BOS + text + EOS documents): LM loss "
+        f"{_mean([p['lm_loss_first'] for p in pre])} -> {_mean([p['lm_loss_last'] for p in pre])}, held-out top-1 LM "
+        f"{_mean([p['lm_top1'] for p in pre])}, MTP {_mean([p['mtp_top1'] for p in pre])} (mean over seeds); same "
+        f"pretrained weights in both arms: {figures['same_pretrained_weights']}, same data: {figures['same_data']}",
+        f"after {plan['sft_steps']} SFT steps, on {plan['eval_batches'] * plan['batch']} held-out prompts per run:",
+        *(f"  {SHORT.get(m, m)}: {label}" for m, label in figures["metrics"].items()),
+    ]
+    width, cell = 44, 19
+    for name, data in figures["settings"].items():
+        labels = list(data["runs"])
+        head = f"{'':{width}}" + "".join(f"{label:>{cell}}" for label in labels)
+        row = lambda label, cells: f"{label:{width}}" + "".join(f"{c:>{cell}}" for c in cells)
+        mix = ", ".join(f"{role} {share:.1%}" for role, share in data["step_one_mix"].items())
+        lines += ["", f"== setting {name}: {data['description']}"]
+        lines += [f"SFT step 1, same weights and batch in every run (mean over seeds); MTP targets: {mix}", head]
         for role in ROLES:
-            cells = [_cell(one["mtp_ce_by_role"][role][arm]["mean"]) for arm in ARMS]
-            lines.append(f"{'MTP CE on ' + role + ' targets':{width}}  {cells[0]:>10}  {cells[1]:>10}")
-        for label, figure, fmt in STEP_ONE:
-            cells = [fmt.format(one[figure][arm]["mean"]) for arm in ARMS]
-            lines.append(f"{label:{width}}  {cells[0]:>10}  {cells[1]:>10}")
-        lines.append(
-            f"after {plan['sft_steps']} SFT steps (held out); patched - unpatched: mean [95 % t-interval, paired by "
-            f"seed]; step from which it stays at {THRESHOLD_FRACTION:.0%} of the better final value or above"
-        )
-        lines.append(
-            f"{'':{width}}  {'unpatched':>10}  {'patched':>10}  {'patched - unpatched':>32}  "
-            f"{'steps to threshold (u / p; paired diff)'}"
-        )
-        for metric in TABLE_METRICS:
-            row = data["metrics"][metric]
-            final, reach = row["final"], row["to_threshold"]
-            cells = [_cell(final[arm]["mean"]) for arm in ARMS]
-            reached = " / ".join(
-                f"{statistics.fmean(s for s in reach[arm] if s is not None):.0f}"
-                if any(s is not None for s in reach[arm])
-                else "-"
-                for arm in ARMS
-            )
-            misses = sum(s is None for arm in ARMS for s in reach[arm])
-            reached += f" ({misses} not reached)" if misses else ""
             lines.append(
-                f"{metric:{width}}  {cells[0]:>10}  {cells[1]:>10}  {_diff(final['paired_diff']):>32}  "
-                f"{reached}; {_diff(reach['paired_diff'])}"
+                row(f"MTP CE on {role} targets", [_mean([ce[role] for ce in data["step_one_ce"][r]]) for r in labels])
             )
+        for key, label in STEP_ONE.items():
+            lines.append(row(label, [_mean(data["runs"][r]["step_one"][key]) for r in labels]))
+        lines += [f"after {plan['sft_steps']} SFT steps (mean over seeds)", head]
+        for metric in figures["metrics"]:
+            lines.append(row(SHORT.get(metric, metric), [_mean(data["runs"][r]["final"][metric]) for r in labels]))
+        for c in data["contrasts"]:
+            lines.append(f"{c['treatment']} - {c['control']} ({c['name']}), paired by seed: mean [95 % t-interval]")
+            for metric in METRICS:
+                lines.append(f"  {SHORT[metric]:{width - 2}}{stats.interval(c[metric])}; {stats.signs(c[metric])}")
+        if data["logged_minus_true"]:
+            lines.append(
+                "logged minus true acceptance (core's mtp_1_acceptance_rate - MTP top-1 on the loss positions):"
+            )
+        for label, s in data["logged_minus_true"].items():
+            lines.append(f"  {label:{width - 2}}{stats.interval(s)}; {stats.signs(s, 'above 0', 'below 0')}")
         lines.append(f"-> {data['conclusion']}")
     arms = figures["arms"]
     lines += [
         "",
-        f"(wall {figures['wall_seconds']:.0f} s for both arms at once; per arm: "
+        f"(wall {figures['wall_seconds']:.0f} s for both arms at once, their start included; per arm, wall: "
         + ", ".join(
-            f"{arm} import {arms[arm]['import_seconds']:.0f} s + pretrain {arms[arm]['pretrain_seconds']:.0f} s + "
-            f"SFT {arms[arm]['fine_tune_seconds']:.0f} s, peak RSS {arms[arm]['peak_rss_mib']:.0f} MiB"
-            for arm in ARMS
+            f"{arm} pretraining {arms[arm]['pretrain_seconds']:.0f} s + SFT and evaluation "
+            f"{arms[arm]['fine_tune_seconds']:.0f} s (CPU {arms[arm]['cpu_seconds']:.0f} s), peak RSS "
+            f"{arms[arm]['peak_rss_mib']:.0f} MiB"
+            for arm in command.ARMS
         )
         + ")",
     ]
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """`./run effect [--plateau]`: run, print the tables and where the figures went."""
-    import argparse
+def _plot(figures: dict) -> bytes:
+    """Teacher-forced top-1 through SFT and the primary endpoint per seed, per setting, as PNG bytes."""
+    import io
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--plateau", action="store_true", help="run to a plateau (600 SFT steps; about 15 minutes)")
-    size = "plateau" if parser.parse_args(argv).plateau else "short"
-    out = effect_dir(size)
-    figures = run_effect(out, size)
-    print(format_tables(figures))
-    print()
-    for setting in figures["settings"]:
-        print(cite(figures, setting))
-    print(f"\nwrote {out / 'figures.json'} and {out / 'effect.png'} in {figures['wall_seconds']:.0f} s")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = figures["settings"]
+    fig, axes = plt.subplots(2, len(settings), figsize=(4.4 * len(settings), 7), squeeze=False)
+    colors = {"unpatched": "tab:red", "patched": "tab:blue", "no padding in MTP": "tab:green"}
+    for column, (name, data) in enumerate(settings.items()):
+        top, bottom = axes[0, column], axes[1, column]
+        labels = list(data["runs"])
+        for x, label in enumerate(labels):
+            run = data["runs"][label]
+            curves = run["curves"]
+            means = [statistics.fmean(v for v in row if v is not None) for row in curves["teacher-forced"]]
+            top.plot(curves["steps"], means, marker="o", ms=3, color=colors[label], label=label)
+            values = [math.nan if v is None else v for v in run["final"][PRIMARY]]
+            bottom.scatter([x] * len(values), values, color=colors[label], s=12)
+        for seed in range(len(figures["seeds"])):
+            bottom.plot(
+                range(len(labels)),
+                [data["runs"][label]["final"][PRIMARY][seed] or math.nan for label in labels],
+                color="0.6",
+                lw=0.7,
+            )
+        top.set_title(f"setting: {name}", fontsize=10)
+        top.set_xlabel("SFT step")
+        top.grid(alpha=0.3)
+        bottom.set_xticks(range(len(labels)), labels, fontsize=8)
+        bottom.grid(alpha=0.3)
+        if column == 0:
+            top.set_ylabel("teacher-forced MTP top-1 (answers)")
+            bottom.set_ylabel("accepted tokens per verify step\n(one line per seed)")
+    axes[0, 0].legend(fontsize=8)
+    fig.suptitle(
+        "MTP depth 1 on held-out prompts, same weights and batches in every run\n" + run_label(figures), fontsize=10
+    )
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def run(args) -> str:
+    """`./run effect`: both arms, the tables; the figures and the plot into --out if given."""
+    size = "plateau" if args.plateau else "short"
+    print(f"[effect] both arms, {len(args.seeds)} seeds, size {size}: running", file=sys.stderr, flush=True)
+    figures = finish_effect(start_effect(size, args.seeds), size)
+    files = {"figures.json": json.dumps(figures, indent=1).encode(), "effect.png": _plot(figures)} if args.out else {}
+    return "\n".join(filter(None, [format_tables(figures), command.write(args.out, files)]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (experiments.command: what it shares with repro)."""
+    parser = command.parser("./run effect", __doc__.split("\n\n")[0], "0-9")
+    steps = SIZES["plateau"]["sft_steps"], Plan.sft_steps
+    parser.add_argument("--plateau", action="store_true", help="%d SFT steps instead of %d (prints its time)" % steps)
+    command.main(parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
-"""One arm of the effect experiment (experiments.effect), run by the worker with one tree first on the import path.
+"""One arm of the experiments (experiments.effect, experiments.repro), run by the worker with one tree first on the
+import path: `python -m tinymodel.worker call --function experiments.effect_arm:measure|reproduce --arg PLAN`.
 
-Per seed: a fresh initialisation, a pretraining language (chain A) and its packed text, pretrained with an all-ones
-mask and no padding (both trees take the same steps, which the weights hash shows); then, for each data setting, a
-copy of those weights fine-tuned through Bridge's forward_step + Adam on that seed's SFT task (chain B) and batches,
-and evaluated on held-out batches of the same setting at the same steps in both arms. Returns raw figures only
-(counts, sums, per-position CE at step 1, logged values per step); effect.py derives the rest.
+Per seed: a fresh initialisation, a pretraining language (chain A) and its packed BOS + text + EOS documents,
+pretrained with an all-ones mask and no padding (both trees take the same steps, which the weights hash shows). Then
+``measure`` fine-tunes a copy of those weights through Bridge's forward_step + Adam in each setting of its plan, on
+that seed's SFT task (chain B) and batches, and evaluates it on held-out batches of the setting; ``reproduce`` takes
+one step on a report-like batch. Returns raw figures only (counts, sums, per-position CE, logged values); the
+modules that start the arms derive the rest.
 """
 
 import hashlib
+import json
 import time
 from dataclasses import asdict, dataclass
 
@@ -21,47 +24,84 @@ from tinymodel.reference import mtp_ce_per_position, mtp_mask, mtp_positions
 
 @dataclass(frozen=True)
 class Plan:
-    """How much of everything one arm does."""
+    """What one arm does: the seeds, the settings it fine-tunes, and how much of everything."""
 
-    pretrain_steps: int
-    sft_steps: int
     seeds: tuple[int, ...]  # each: its own initialisation, pretraining language and text, SFT task and batches
-    settings: tuple[str, ...]
-    eval_every: int  # held-out evaluation every this many SFT steps (and at step 0)
-    eval_batches: int
-    batch: int
+    runs: tuple[tuple[str, ...], ...] = ()  # measure: per seed, the settings (SETTINGS) this arm fine-tunes
+    pretrain_steps: int = 100
+    sft_steps: int = 50
+    eval_every: int = 25  # teacher-forced evaluation every this many SFT steps (and at 0); decoding at the last
+    eval_batches: int = 3
+    batch: int = 16
     pretrain_batch: int = 16
     pretrain_seq: int = 32
     pretrain_lr: float = 3e-3
     sft_lr: float = 2e-3
-    new_tokens: int = 5  # greedy tokens decoded after each held-out prompt (the longest answer + its EOS)
 
     def eval_steps(self) -> list[int]:
-        """The SFT steps after which the held-out batches are evaluated (0: before fine-tuning)."""
+        """The SFT steps after which the held-out batches are evaluated teacher-forced (0: before fine-tuning)."""
         return sorted({*range(0, self.sft_steps + 1, self.eval_every), self.sft_steps})
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
-# Report-like padding: pad id = EOS, prompts with a long tail of lengths, 1-4 answer tokens + EOS, each batch padded to
-# its longest sample, so most rows end in a long run of padding and answers are a few percent of the targets.
-_SHAPE = {"prompt_len": (8, 52), "prompt_tail": 12.0, "answer_len": (1, 4)}
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        fields = json.loads(text)
+        fields["seeds"] = tuple(fields["seeds"])
+        fields["runs"] = tuple(map(tuple, fields["runs"]))
+        return cls(**fields)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One SFT setting: its samples, the language of their prompts, what the MTP loss counts, and its batches."""
+
+    description: str
+    sft: syn.SftSetting
+    prompts: str  # "task": the SFT task's language (chain B), as the answers; "pretraining": chain A
+    mtp_mask: str = "bridge"  # "bridge": whatever the tree passes to the model; "no-padding": every label but padding
+    data: str | None = None  # the setting whose batches (and held-out batches) it uses; None: its own
+
+
+# Padded like the report's SFT set: pad id = EOS, each batch padded to its longest sample, prompts with a long tail of
+# lengths. The answers are long, so that the draft of the closing EOS (which saves no verify step) is a small share.
+_SHAPE = {"prompt_len": (8, 40), "prompt_tail": 12.0, "answer_len": (8, 16)}
 SETTINGS = {
-    "same-language": syn.SftSetting("same-language", random_prompts=False, **_SHAPE),
-    "distinct-answers": syn.SftSetting("distinct-answers", random_prompts=False, **_SHAPE),
-    "padding-only": syn.SftSetting("padding-only", random_prompts=False, loss="sample", **_SHAPE),
+    "same-language": Setting(
+        "prompt and answer in the SFT task's language; answer-only loss",
+        syn.SftSetting("same-language", random_prompts=False, **_SHAPE),
+        prompts="task",
+    ),
+    "distinct-answers": Setting(
+        "the stress case: prompts in the pretraining language, answers in the task's; answer-only loss",
+        syn.SftSetting("distinct-answers", random_prompts=False, **_SHAPE),
+        prompts="pretraining",
+    ),
+    "padding-only": Setting(
+        "as distinct-answers, but the loss covers the whole sample: the fix masks only the padding",
+        syn.SftSetting("padding-only", random_prompts=False, loss="sample", **_SHAPE),
+        prompts="pretraining",
+    ),
+    "no-padding-mtp": Setting(
+        "same-language's batches and LM loss, but the MTP loss counts prompt and answer, never padding (a mask this "
+        "experiment gives the model, not Bridge's)",
+        syn.SftSetting("same-language", random_prompts=False, **_SHAPE),
+        prompts="task",
+        mtp_mask="no-padding",
+        data="same-language",
+    ),
 }
-DESCRIPTIONS = {
-    "same-language": "prompt and answer in one language (the SFT task's chain); answer-only loss",
-    "distinct-answers": "prompts in the pretraining language, answers in the SFT task's; answer-only loss",
-    "padding-only": "as distinct-answers, but the loss covers the whole sample: only the padding is masked",
-}
-ALL = tuple(SETTINGS)
-FIVE = (0, 1, 2, 3, 4)
-PLANS = {
-    "short": Plan(150, 60, FIVE, ALL, eval_every=20, eval_batches=4, batch=16),  # `./run effect`: <= 3 min
-    "plateau": Plan(150, 600, FIVE, ALL, eval_every=50, eval_batches=4, batch=16),  # `./run effect --plateau`
-    "small": Plan(8, 3, (0,), ALL, eval_every=3, eval_batches=1, batch=8, pretrain_batch=8),  # the suite's
-}
-CHAIN_B = {"branching": 2, "probs": (0.9, 0.1)}  # the SFT task's language: one per seed
+# The report's batch: answer-only loss over 1-4 answer tokens + EOS (the report's 2-5 valid tokens per sample), a long
+# tail of prompt lengths; prompt and answer in the pretraining language, as SQuAD is in a pretrained model's.
+REPORT_LIKE = syn.SftSetting(
+    "report-like", random_prompts=False, prompt_len=(8, 52), prompt_tail=12.0, answer_len=(1, 4)
+)
+REPORT_BATCH = 16
+# The SFT task's language, one per seed: a second-order chain over 32 content tokens, so that the next token depends
+# on the two before it (with a first-order chain the draft depends only on the token the MTP head is fed, and every
+# arm soon drafts it perfectly).
+CHAIN_B = {"branching": 2, "probs": (0.9, 0.1), "order": 2, "alphabet": 32}
 
 
 def _sha256(batches: list[dict]) -> str:
@@ -73,18 +113,29 @@ def _sha256(batches: list[dict]) -> str:
     return digest.hexdigest()
 
 
+def _stream(use: str, seed: int) -> int:
+    """The random seed of one use of an experiment's seed: each use of each seed draws from a stream of its own (no
+    two seeds share one, as offsets such as 1000 * seed + i would for some pairs)."""
+    return int.from_bytes(hashlib.sha256(f"{use} {seed}".encode()).digest()[:8], "little") >> 1
+
+
+def _generator(use: str, seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(_stream(use, seed))
+
+
 def _chains(seed: int) -> tuple[syn.Chain, syn.Chain]:
     """The seed's pretraining language (chain A) and SFT task's language (chain B)."""
-    return syn.make_chain(gpt.VOCAB, 1 + seed), syn.make_chain(gpt.VOCAB, 100 + seed, **CHAIN_B)
+    a = syn.make_chain(gpt.VOCAB, _stream("chain A", seed))
+    return a, syn.make_chain(gpt.VOCAB, _stream("chain B", seed), **CHAIN_B)
 
 
 def _pretrain(plan: Plan, seed: int) -> tuple[dict, dict]:
     """The seed's pretrained weights, and how the pretraining went (held out: 2 more batches, every position)."""
     chain_a, _ = _chains(seed)
-    gen = torch.Generator().manual_seed(10_000 + seed)
+    gen = _generator("pretraining", seed)
     make = lambda: syn.pretrain_batch(chain_a, gpt.VOCAB, plan.pretrain_batch, plan.pretrain_seq, gen)
     batches = [make() for _ in range(plan.pretrain_steps)]
-    model = gpt.build_model(1, seed=cpu_runtime.SEED + seed)
+    model = gpt.build_model(1, seed=_stream("initialisation", seed))
     losses = training.pretrain(model, batches, plan.pretrain_lr)
     held_out = [make(), make()]
     for batch in held_out:
@@ -103,9 +154,22 @@ def _pretrain(plan: Plan, seed: int) -> tuple[dict, dict]:
     return {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}, info
 
 
+def _model(pretrained: dict):
+    model = gpt.build_model(1)
+    model.load_state_dict(pretrained, strict=False)  # strict=False: the state dict's _extra_state entries are None
+    gpt.reset_mtp_tracker()
+    return model
+
+
+def _no_padding(batch: dict) -> torch.Tensor:
+    """Every label but the padding: the prompt's, the answer's and its EOS."""
+    return (batch["roles"] != syn.ROLES.index("padding")).float()
+
+
 def _step_one(result: gpt.StepResult, batch: dict) -> dict:
-    """The report's step-1 figures, and per-position depth-1 CE, loss weight, mask and target role."""
+    """The report's step-1 figures, and per position: depth-1 CE, loss weight, mask, target role and prediction."""
     seq = batch["labels"].shape[1]
+    logits = result.mtp_logits[0][:, mtp_positions(seq, 1)]
     return {
         "lm_loss": result.lm_loss,
         "grad_norm": result.grad_norm,
@@ -114,62 +178,88 @@ def _step_one(result: gpt.StepResult, batch: dict) -> dict:
         "mtp_loss_weight": result.mtp_loss_weights[0][:, mtp_positions(seq, 1)],
         "mtp_mask": mtp_mask(batch["loss_mask"], 1),
         "target_role": batch["roles"][:, 1:],  # depth 1 at t predicts labels[t + 1]
+        "target": batch["labels"][:, 1:],
+        "predicted": logits.argmax(-1),
+        "top_logit": logits.max(-1).values,
+        "target_logit": logits.gather(-1, batch["labels"][:, 1:, None])[..., 0],
     }
 
 
-def _evaluate(model, held_out: list[dict], plan: Plan) -> dict:
-    return {**training.evaluate(model, held_out), **training.speculative(model, held_out, plan.new_tokens)}
-
-
-def _fine_tune(pretrained: dict, plan: Plan, setting: str, seed: int) -> dict:
+def _fine_tune(pretrained: dict, plan: Plan, name: str, seed: int) -> dict:
     """SFT from the seed's pretrained weights on the seed's task and batches of this setting."""
+    setting = SETTINGS[name]
     chain_a, chain_b = _chains(seed)
-    prompts = chain_b if setting == "same-language" else chain_a
-    gen = torch.Generator().manual_seed(1000 * seed + ALL.index(setting))
-    make = lambda: syn.sft_batch(prompts, chain_b, SETTINGS[setting], gpt.VOCAB, plan.batch, gen)
+    prompts = chain_b if setting.prompts == "task" else chain_a
+    gen = _generator(f"SFT {setting.data or name}", seed)
+    make = lambda: syn.sft_batch(prompts, chain_b, setting.sft, gpt.VOCAB, plan.batch, gen)
     held_out = [make() for _ in range(plan.eval_batches)]
     train = [make() for _ in range(plan.sft_steps)]
-    model = gpt.build_model(1)
-    model.load_state_dict(pretrained, strict=False)  # strict=False: the state dict's _extra_state entries are None
-    gpt.reset_mtp_tracker()
-    evals = {0: _evaluate(model, held_out, plan)}
-    trace = {"logged": [], "lm_loss": []}
+    model = _model(pretrained)
+    evals = {0: training.evaluate(model, held_out)}
     step_one = None
-    for step, result in training.adam_steps(model, train, plan.sft_lr, record=lambda step: step == 1):
+    steps = training.adam_steps(
+        model,
+        train,
+        plan.sft_lr,
+        record=lambda step: step == 1,
+        mtp_mask_of=_no_padding if setting.mtp_mask == "no-padding" else None,
+    )
+    for step, result in steps:
         if step == 1:
             step_one = _step_one(result, train[0])
-        trace["logged"].append(result.logged)
-        trace["lm_loss"].append(result.lm_loss)
         if step in plan.eval_steps():
-            evals[step] = _evaluate(model, held_out, plan)
+            evals[step] = training.evaluate(model, held_out)
     return {
-        "setting": setting,
+        "setting": name,
         "seed": seed,
+        "mtp_mask": setting.mtp_mask,
         "data_sha256": _sha256(held_out + train),
         "weights_sha256": gpt.weights_sha256(model),
         "step_one": step_one,
-        "trace": trace,
         "evals": evals,
+        "speculative": training.speculative(model, held_out, setting.sft.answer_len[1] + 1),
     }
 
 
-def measure(size: str) -> dict:
-    """The arm: plan, per seed a pretraining and one fine-tuning run per setting, and where the time went."""
-    plan = PLANS[size]
+def _each_seed(plan: Plan, after_pretraining) -> dict:
+    """Per seed, pretraining then ``after_pretraining(weights, seed, i)`` (a list of runs; i: the seed's place in
+    the plan); where the time went."""
     cpu_runtime.init_distributed()
-    pretrain, runs, seconds = [], [], {"pretrain": 0.0, "fine_tune": 0.0}
-    for seed in plan.seeds:
+    pretrain, runs = [], []
+    wall, cpu = dict.fromkeys(("pretrain", "fine_tune"), 0.0), time.process_time()
+    for i, seed in enumerate(plan.seeds):
         started = time.perf_counter()
         weights, info = _pretrain(plan, seed)
         pretrain.append(info)
         pretrained_at = time.perf_counter()
-        runs += [_fine_tune(weights, plan, setting, seed) for setting in plan.settings]
-        seconds["pretrain"] += pretrained_at - started
-        seconds["fine_tune"] += time.perf_counter() - pretrained_at
+        runs += after_pretraining(weights, seed, i)
+        wall["pretrain"] += pretrained_at - started
+        wall["fine_tune"] += time.perf_counter() - pretrained_at
     return {
         "plan": {**asdict(plan), "eval_steps": plan.eval_steps()},
         "pretrain": pretrain,
         "runs": runs,
-        "pretrain_seconds": seconds["pretrain"],
-        "fine_tune_seconds": seconds["fine_tune"],
+        "pretrain_seconds": wall["pretrain"],
+        "fine_tune_seconds": wall["fine_tune"],
+        "cpu_seconds": time.process_time() - cpu,  # the same work's CPU time: its wall time on an idle core
     }
+
+
+def measure(plan_json: str) -> dict:
+    """The effect arm: per seed a pretraining and one fine-tuning run per setting of the plan (Plan.to_json)."""
+    plan = Plan.from_json(plan_json)
+    return _each_seed(plan, lambda weights, seed, i: [_fine_tune(weights, plan, s, seed) for s in plan.runs[i]])
+
+
+def _report_step(pretrained: dict, seed: int, _: int) -> list[dict]:
+    """One SFT step on the seed's report-like batch (chain A prompts and answers), per-position figures recorded."""
+    chain_a, _ = _chains(seed)
+    gen = _generator("report batch", seed)
+    batch = syn.sft_batch(chain_a, chain_a, REPORT_LIKE, gpt.VOCAB, REPORT_BATCH, gen)
+    result = gpt.run_step(_model(pretrained), batch)
+    return [{"seed": seed, "data_sha256": _sha256([batch]), **_step_one(result, batch)}]
+
+
+def reproduce(plan_json: str) -> dict:
+    """The repro arm: per seed a pretraining and one step on a report-like batch (the plan: Plan.to_json)."""
+    return _each_seed(Plan.from_json(plan_json), _report_step)

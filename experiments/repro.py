@@ -1,122 +1,280 @@
-"""Reproduce #6103 on the tiny model: one training step before (the pinned release as shipped) and after (the view:
-release + patch), each side in its own process with its own tree first on the import path, both at once. Every
-figure is measured in this run.
+"""The report's mechanism on the tiny model: after pretraining on BOS + text + EOS documents, one SFT step on a batch
+padded as the report's (EOS repeated after the answer), unpatched (the release as shipped) and patched (release +
+patch), each side a process with its own tree first on the import path; the report's figures beside this run's.
+
+    ./run repro [--seeds A-B] [--out DIR]   seeds 0-4: per seed its own pretraining and batch
+
+Every figure of this run is measured in it; the report's are quoted from #6103 as it logs them. Then each part of
+the report's signature is checked against a stated criterion, and what does not appear is said.
+
+figures.json (--out): seeds, batch (the first seed's: shape, loss tokens per sample), sides.<side> per seed (lm_loss, mtp_1_loss,
+grad_norm, mtp_loss_mass_on_padding), positions per seed (MTP depth-1 CE per position and role, prediction, target,
+top and target logit; the same weights in both sides), signature (each check: ours, the report's, holds).
 """
 
 import json
-import tempfile
-from pathlib import Path
+import statistics
+import sys
 
-from maintain.repo import VIEW, WORK, pins, release
-from tinymodel.reference import loss_mass_on_masked
-from tinymodel.worker import Launch, launch_all
+import torch
+
+from experiments import command
+from experiments.effect import role_means, step_one_figures
+from experiments.effect_arm import Plan
+from experiments.synthetic import BOS, ROLES
 
 
-SIDES = ("before", "after")
-ROWS = (
-    ("lm loss", "lm_loss", "{:.6f}"),
-    ("mtp_1 loss", "mtp_1_loss", "{:.6f}"),
-    ("grad norm", "grad_norm", "{:.4f}"),
-    ("MTP loss mass on masked positions", "mtp_mass_on_masked", "{:.1%}"),
+REPORT_URL = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/6103"
+# As #6103 logs them (DeepSeek-V4-Pro SFT on SQuAD, iteration 1, without and with the mask): quoted, not measured.
+REPORT = {
+    "lm_loss": ("3.050079E+00", "3.042851E+00"),
+    "mtp_1_loss": ("1.580068E+01", "4.416957E+00"),
+    "grad_norm": ("85.956", "67.528"),
+    "mtp_loss_mass_on_padding": ("96.5 %", ""),
+}
+REPORT_PROBE = (
+    "mtp per-token CE: mean=21.606 median=1.950 p90=54.812 p99=72.253 max=85.188 frac(CE>20)=0.380",
+    "mtp worst pos=189 ce=85.19 label=1 pred=0 logit_true=9.31 logit_max=94.50",
 )
+SIDES = {"unpatched": "before (unpatched)", "patched": "after (patched)"}
+ROWS = (  # (figure, label, format)
+    ("lm_loss", "lm loss", "{:.4f}"),
+    ("mtp_1_loss", "mtp_1 loss", "{:.4f}"),
+    ("grad_norm", "grad norm", "{:.3f}"),
+    ("mtp_loss_mass_on_padding", "MTP loss mass on padding", "{:.1%}"),
+)
+PADDING_OVER_ANSWER = 4.0  # the reproduction's target: padding CE at least this many times the answer CE
+SEVERAL = 2.0  # "several times": the unpatched mtp_1 loss over the patched (the report's is 3.6)
 
 
-def _side_figures(tree: Path, worker: dict) -> dict:
-    step = worker["step"]
+def _positions(step: dict) -> dict:
+    """What the report's probe prints, over every MTP depth-1 position of the batch (the unpatched loss's)."""
+    ce, role = step["mtp_ce"], step["target_role"]
+    pad = role == ROLES.index("padding")
+    worst = int(ce.argmax())
+    row, col = divmod(worst, ce.shape[1])
+    quantile = lambda q: float(torch.quantile(ce.flatten(), q))
     return {
-        "tree": str(tree),
-        "lm_loss": step.lm_loss,
-        "mtp_1_loss": step.mtp_losses[0],
-        "grad_norm": step.grad_norm,
-        "mtp_mass_on_masked": loss_mass_on_masked(worker["mtp_ce"], worker["mtp_loss_weight"], worker["mtp_mask"]),
-        "worker_seconds": worker["seconds"],
-        "worker_peak_rss_mib": worker["peak_rss_mib"],
+        "ce": {
+            "mean": float(ce.mean()),
+            "median": quantile(0.5),
+            "p90": quantile(0.9),
+            "p99": quantile(0.99),
+            "max": float(ce.max()),
+            "frac_over_20": float((ce > 20).float().mean()),
+        },
+        "worst": {
+            "position": col,
+            "ce": float(ce[row, col]),
+            "label": int(step["target"][row, col]),
+            "pred": int(step["predicted"][row, col]),
+            "logit_true": float(step["target_logit"][row, col]),
+            "logit_max": float(step["top_logit"][row, col]),
+            "role": ROLES[int(role[row, col])],
+        },
+        "ce_by_role": role_means(step),
+        "padding_predicted_bos": float((step["predicted"][pad] == BOS).float().mean()),
+        "padding_top_logit": float(step["top_logit"][pad].mean()),
+        "padding_margin": float((step["top_logit"] - step["target_logit"])[pad].mean()),
+        "per_position": {key: step[key].tolist() for key in ("mtp_ce", "target_role")},
     }
 
 
-def _plot(figures: dict, path: Path) -> None:
+def figures_of(payloads: dict[str, dict]) -> dict:
+    """The figures (format: this module's docstring) from both sides' payloads."""
+    seeds = payloads["unpatched"]["plan"]["seeds"]
+    steps = {side: payloads[side]["runs"] for side in SIDES}
+    first = steps["unpatched"][0]
+    per_step = {side: [step_one_figures(s) for s in steps[side]] for side in SIDES}
+    sides = {side: {key: [f[key] for f in per_step[side]] for key, _, _ in ROWS} for side in SIDES}
+    positions = [_positions(s) for s in steps["unpatched"]]
+    return {
+        "seeds": seeds,
+        "plan": payloads["unpatched"]["plan"],
+        "parameters": payloads["unpatched"]["pretrain"][0]["num_parameters"],
+        "same_pretrained_weights": [p["weights_sha256"] for p in payloads["unpatched"]["pretrain"]]
+        == [p["weights_sha256"] for p in payloads["patched"]["pretrain"]],
+        "same_batches": [s["data_sha256"] for s in steps["unpatched"]] == [s["data_sha256"] for s in steps["patched"]],
+        "batch": {
+            "shape": list(first["mtp_ce"].shape[:1]) + [first["mtp_ce"].shape[1] + 1],
+            "loss_tokens_per_sample": [int(n) for n in first["mtp_mask"].sum(1).tolist()],
+        },
+        "sides": sides,
+        "positions": positions,
+        "signature": signature(sides, positions),
+    }
+
+
+def _spread(values: list[float], fmt: str) -> str:
+    text = fmt.format(statistics.fmean(values))
+    return text if len(values) == 1 else f"{text} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
+
+
+def signature(sides: dict, positions: list[dict]) -> list[dict]:
+    """Each part of the report's signature: what it is, ours (per seed), the report's, the criterion and whether it
+    holds in every seed."""
+    un, pa = sides["unpatched"], sides["patched"]
+    ratio = lambda a, b: [x / y for x, y in zip(a, b)]
+    quoted = lambda key: "{} / {} = {:.2f} x".format(*REPORT[key], float(REPORT[key][0]) / float(REPORT[key][1]))
+    pad_ce = [p["ce_by_role"]["padding"] for p in positions]
+    answer_ce = [p["ce_by_role"]["answer"] for p in positions]
+    checks = [
+        (
+            "the model predicts BOS (token 0) at the padding",
+            [p["padding_predicted_bos"] for p in positions],
+            "{:.0%}",
+            "every position with CE > 20 is padding and predicts 0",
+            "at most padding positions",
+            lambda v: v > 0.5,
+        ),
+        (
+            f"padding CE at least {PADDING_OVER_ANSWER:g} x the answer CE (the patched mtp_1 loss)",
+            ratio(pad_ce, answer_ce),
+            "{:.2f} x",
+            f"every padding position over 20, up to 85, against {REPORT['mtp_1_loss'][1]} (mtp_1 loss after)",
+            f">= {PADDING_OVER_ANSWER:g}",
+            lambda v: v >= PADDING_OVER_ANSWER,
+        ),
+        (
+            f"unpatched mtp_1 loss several times the patched (>= {SEVERAL:g} x)",
+            ratio(un["mtp_1_loss"], pa["mtp_1_loss"]),
+            "{:.2f} x",
+            quoted("mtp_1_loss"),
+            f">= {SEVERAL:g}",
+            lambda v: v >= SEVERAL,
+        ),
+        (
+            "a higher grad norm unpatched",
+            ratio(un["grad_norm"], pa["grad_norm"]),
+            "{:.3f} x",
+            quoted("grad_norm"),
+            "> 1",
+            lambda v: v > 1,
+        ),
+        (
+            "the LM loss unchanged",
+            [abs(a - b) for a, b in zip(un["lm_loss"], pa["lm_loss"])],
+            "{:.1e}",
+            "{} vs {} (two runs)".format(*REPORT["lm_loss"]),
+            "equal to 1e-6",
+            lambda v: v <= 1e-6,
+        ),
+    ]
+    return [
+        {
+            "what": what,
+            "ours": values,
+            "format": fmt,
+            "report": report,
+            "criterion": rule,
+            "holds": all(map(holds, values)),
+        }
+        for what, values, fmt, report, rule, holds in checks
+    ]
+
+
+def format_table(figures: dict) -> str:
+    """The report's table beside this run's, the report's probe beside ours, then the signature, checked."""
+    seeds, batch = figures["seeds"], figures["batch"]
+    n = len(seeds)
+    where = f"mean over seeds {seeds[0]}-{seeds[-1]} [min, max]" if n > 1 else f"seed {seeds[0]}"
+    lines = [
+        f"#6103 ({REPORT_URL}; DeepSeek-V4-Pro SFT on SQuAD, iteration 1) beside this run (tiny GPTModel with one MTP "
+        f"layer, {figures['parameters']} parameters, pretrained {figures['plan']['pretrain_steps']} steps on BOS + "
+        f"text + EOS documents; one step on a batch of {batch['shape'][0]} samples padded with EOS to the longest "
+        f"({batch['shape'][0]}x{batch['shape'][1]} with {min(batch['loss_tokens_per_sample'])}-"
+        f"{max(batch['loss_tokens_per_sample'])} loss tokens per sample for seed {seeds[0]}); {where})",
+        f"{'':28}  {'report: before':>14}  {'after':>13}  {'here: ' + SIDES['unpatched']:>30}  {SIDES['patched']:>30}",
+    ]
+    for key, label, fmt in ROWS:
+        ours = [_spread(figures["sides"][side][key], fmt) for side in SIDES]
+        lines.append(f"{label:28}  {REPORT[key][0]:>14}  {REPORT[key][1]:>13}  {ours[0]:>30}  {ours[1]:>30}")
+    lines += ["", "the report's probe (unpatched, per position):", *(f"  {line}" for line in REPORT_PROBE)]
+    lines.append("this run's, the same figures (the unpatched loss counts every position):")
+    for seed, p in zip(seeds, figures["positions"]):
+        ce, w = p["ce"], p["worst"]
+        lines.append(
+            f"  seed {seed}: mtp per-token CE: mean={ce['mean']:.3f} median={ce['median']:.3f} p90={ce['p90']:.3f} "
+            f"p99={ce['p99']:.3f} max={ce['max']:.3f} frac(CE>20)={ce['frac_over_20']:.3f}; worst pos={w['position']} "
+            f"ce={w['ce']:.2f} label={w['label']} pred={w['pred']} logit_true={w['logit_true']:.2f} "
+            f"logit_max={w['logit_max']:.2f} ({w['role']})"
+        )
+    lines.append(
+        "  MTP CE by target role, "
+        + where
+        + ": "
+        + ", ".join(
+            f"{role} {_spread([p['ce_by_role'][role] for p in figures['positions']], '{:.2f}')}" for role in ROLES
+        )
+    )
+    lines += ["", "the report's signature, here (each must hold in every seed):"]
+    for check in figures["signature"]:
+        verdict = "holds" if check["holds"] else "DOES NOT APPEAR"
+        lines.append(
+            f"  {check['what']}: {verdict}: {_spread(check['ours'], check['format'])} "
+            f"(criterion {check['criterion']}; the report: {check['report']})"
+        )
+    if not all(check["holds"] for check in figures["signature"]):
+        p = figures["positions"]
+        lines.append(
+            "  why: at the padding the model predicts BOS with a mean top logit of "
+            f"{_spread([x['padding_top_logit'] for x in p], '{:.1f}')}, "
+            f"{_spread([x['padding_margin'] for x in p], '{:.1f}')} above EOS's (the report's worst position: "
+            f"{REPORT_PROBE[1].split('pred=0 ')[1]}): its CE there is about that margin"
+        )
+    return "\n".join(lines)
+
+
+def _plot(figures: dict) -> bytes:
+    """Per-position MTP CE of the first seed's batch, by role, as PNG bytes."""
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
 
-    per_position = figures["mtp_ce_per_position"]
-    mask = per_position["mtp_mask"]
-    rows = len(mask)
-    fig, axes = plt.subplots(rows, 1, figsize=(10, 2.2 * rows + 0.6), sharex=True, squeeze=False)
-    styles = {"before": ("tab:red", 0.8, "before (unpatched)"), "after": ("tab:blue", 0.4, "after (patched)")}
+    p = figures["positions"][0]["per_position"]
+    rows = min(4, len(p["mtp_ce"]))
+    colors = {"prompt": "tab:gray", "answer": "tab:blue", "padding": "tab:red"}
+    fig, axes = plt.subplots(rows, 1, figsize=(10, 1.9 * rows + 0.8), sharex=True, squeeze=False)
     for row, ax in enumerate(axes[:, 0]):
-        for t, m in enumerate(mask[row]):
-            if m == 0:
-                ax.axvspan(t - 0.5, t + 0.5, color="0.85", lw=0)
-        for side in SIDES:
-            color, width, label = styles[side]
-            ce, weight = per_position[f"ce_{side}"][row], per_position[f"loss_weight_{side}"][row]
-            counted = [c if w != 0 else 0.0 for c, w in zip(ce, weight)]
-            ax.bar(range(len(counted)), counted, width=width, color=color, alpha=0.75, label=label)
+        ce, role = p["mtp_ce"][row], p["target_role"][row]
+        for name in ROLES:
+            at = [t for t, r in enumerate(role) if ROLES[r] == name]
+            ax.bar(at, [ce[t] for t in at], color=colors[name], width=0.8, label=name)
         ax.set_ylabel(f"sample {row}\nCE")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0, 0].legend(loc="upper left", fontsize=8, ncol=3)
     axes[0, 0].set_title(
-        "MTP depth-1 cross-entropy counted in the loss, per position (grey: loss_mask = 0)\n"
-        f"masked share of MTP loss: before {figures['before']['mtp_mass_on_masked']:.1%}, "
-        f"after {figures['after']['mtp_mass_on_masked']:.1%}"
+        f"MTP depth-1 CE per position at SFT step 1, seed {figures['seeds'][0]} (the unpatched loss counts all; the "
+        "patched, the answer)",
+        fontsize=9,
     )
-    axes[0, 0].legend(loc="upper right", fontsize=8)
     axes[-1, 0].set_xlabel("position t (target labels[t + 1])")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
+    return buffer.getvalue()
 
 
-def run_repro(out_dir: Path) -> dict:
-    """Measure before/after, write figures.json and mtp_ce_per_position.png into out_dir, return the figures."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    trees = {"before": release(pins()["megatron-bridge"]).root, "after": VIEW}
-    with tempfile.TemporaryDirectory(prefix="mtp-repro-") as tmp:
-        runs = [Launch("repro", trees[side], 1, Path(tmp) / side) for side in SIDES]
-        workers = {side: ranks[0] for side, ranks in zip(SIDES, launch_all(runs))}  # both at once
-    before = workers["before"]
-    figures = {
-        "model": {
-            "spec": "megatron-core GPTModel, get_gpt_layer_local_spec + get_gpt_mtp_block_spec, fp32, CPU",
-            "mtp_num_layers": 1,
-            "parameters": before["num_parameters"],
-        },
-        "batch": {
-            "shape": list(before["batch"]["tokens"].shape),
-            "loss_tokens": int(before["batch"]["loss_mask"].sum()),
-            "mtp_1_positions": before["mtp_mask"].numel(),
-        },
-        **{side: _side_figures(trees[side], workers[side]) for side in SIDES},
-        "mtp_ce_per_position": {
-            "mtp_mask": before["mtp_mask"].tolist(),
-            **{f"ce_{side}": workers[side]["mtp_ce"].tolist() for side in SIDES},
-            **{f"loss_weight_{side}": workers[side]["mtp_loss_weight"].tolist() for side in SIDES},
-        },
-    }
-    (out_dir / "figures.json").write_text(json.dumps(figures, indent=1))
-    _plot(figures, out_dir / "mtp_ce_per_position.png")
-    return figures
+TIMEOUT_S = 900
 
 
-def format_table(figures: dict) -> str:
-    """The report's table: rows lm loss, mtp_1 loss, grad norm, MTP mass on masked positions; before/after."""
-    label_width = max(len(label) for label, _, _ in ROWS)
-    lines = [f"{'':{label_width}}  {'before':>12}  {'after':>12}"]
-    for label, key, fmt in ROWS:
-        cells = [fmt.format(figures[side][key]) for side in SIDES]
-        lines.append(f"{label:{label_width}}  {cells[0]:>12}  {cells[1]:>12}")
-    batch, model = figures["batch"], figures["model"]
-    lines.append(
-        f"(one step, tiny GPTModel with MTP, {model['parameters']} parameters; batch {batch['shape'][0]}x"
-        f"{batch['shape'][1]}, {batch['loss_tokens']} loss tokens; before = unpatched gpt_step.py, after = patched)"
-    )
-    return "\n".join(lines)
+def run(args) -> str:
+    """`./run repro`: both sides, the tables; the figures and the plot into --out if given."""
+    print(f"[repro] both sides, {len(args.seeds)} seeds: running", file=sys.stderr, flush=True)
+    plan = Plan(seeds=args.seeds).to_json()
+    arms = command.Arms("experiments.effect_arm:reproduce", command.trees(), {side: plan for side in SIDES}, TIMEOUT_S)
+    figures = json.loads(json.dumps(figures_of(arms.wait())))
+    files = {"figures.json": json.dumps(figures, indent=1).encode(), "mtp_ce_per_position.png": _plot(figures)}
+    return "\n".join(filter(None, [format_table(figures), command.write(args.out, files if args.out else {})]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line (experiments.command: what it shares with effect)."""
+    command.main(command.parser("./run repro", __doc__.split("\n\n")[0], "0-4"), run, argv)
 
 
 if __name__ == "__main__":
-    out = WORK / "repro"
-    print(format_table(run_repro(out)))
-    print(f"\nwrote {out / 'figures.json'} and {out / 'mtp_ce_per_position.png'}")
+    main()

@@ -1,10 +1,12 @@
 """Synthetic text that the tiny model (and its MTP head) can learn: sparse random Markov chains. No megatron here.
 
-Token ids: 1 = PAD = EOS (as in the report), 2 = SEP (ends a prompt), 3..vocab-1 content.
-  pretraining: documents drawn from chain A (each token has ``branching`` successors with fixed probabilities),
-               packed with EOS between documents, no padding, every position counts;
-  SFT:         prompt (a chain's text, or uniform random tokens) + SEP + answer (the answer chain continuing from the
-               last prompt token) + EOS, padded with PAD (= EOS) to the batch's longest sample (or to a fixed
+Token ids: 0 = BOS, 1 = PAD = EOS (as in the report: pad id 1 = eos, and the model predicts token 0 after it), 2 = SEP
+(ends a prompt), 3..vocab-1 content.
+  pretraining: documents drawn from chain A (each token has ``branching`` successors with fixed probabilities), each
+               BOS + text + EOS, packed back to back with no padding, every position counted: after EOS always
+               comes BOS, which is what the report's model had learnt;
+  SFT:         BOS + prompt (a chain's text, or uniform random tokens) + SEP + answer (the answer chain continuing from
+               the last prompt token) + EOS, padded with PAD (= EOS) to the batch's longest sample (or to a fixed
                length); the loss covers the answer (the answer tokens and the EOS) or the whole sample (every label
                but the padding).
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 
+BOS = 0
 PAD = EOS = 1
 SEP = 2
 FIRST = 3
@@ -22,42 +25,59 @@ ROLES = ("prompt", "answer", "padding")  # what a label position holds: sft_batc
 
 @dataclass
 class Chain:
-    """A Markov chain over token ids: each token has the same number of successors, with the same probabilities."""
+    """A Markov chain over token ids of some order: the successors of each context of ``order`` tokens, with the same
+    probabilities for every context."""
 
-    successors: torch.Tensor  # [vocab, branching] next-token ids
-    probs: torch.Tensor  # [branching], the same for every token
+    successors: torch.Tensor  # [vocab] * order + [branching]: next-token ids
+    probs: torch.Tensor  # [branching], the same for every context
 
-    def step(self, current: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-        """One successor of each token in ``current``."""
-        pick = torch.multinomial(self.probs, current.numel(), replacement=True, generator=gen)
-        return self.successors[current, pick]
+    @property
+    def order(self) -> int:
+        return self.successors.dim() - 1
+
+    def step(self, history: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """One successor of each row of ``history`` ([n, k]: its last tokens, the last one current); a history
+        shorter than the order counts as preceded by BOS."""
+        if history.dim() == 1:
+            history = history[:, None]
+        if history.shape[1] < self.order:
+            history = torch.cat([history.new_full((len(history), self.order - history.shape[1]), BOS), history], 1)
+        pick = torch.multinomial(self.probs, len(history), replacement=True, generator=gen)
+        return self.successors[(*history[:, -self.order :].T, pick)]
 
     def walk(self, start: torch.Tensor, length: int, gen: torch.Generator) -> torch.Tensor:
-        """[n, length] continuation of each start token (start itself excluded)."""
-        out, current = [], start
+        """[n, length] continuation of each start ([n]: one token, or [n, k]: the last k), the start excluded."""
+        history = start[:, None] if start.dim() == 1 else start
+        out = []
         for _ in range(length):
-            current = self.step(current, gen)
-            out.append(current)
-        return torch.stack(out, 1) if out else start.new_zeros(len(start), 0)
+            out.append(self.step(history, gen))
+            history = torch.cat([history, out[-1][:, None]], 1)
+        return torch.stack(out, 1) if out else history.new_zeros(len(history), 0)
 
 
-def make_chain(vocab: int, seed: int, branching: int = 3, probs=(0.8, 0.15, 0.05)) -> Chain:
-    """Random successors (content tokens only) for every token id, drawn from ``seed``."""
+def make_chain(
+    vocab: int, seed: int, branching: int = 3, probs=(0.8, 0.15, 0.05), order: int = 1, alphabet=None
+) -> Chain:
+    """Random successors for every context of ``order`` token ids, drawn from ``seed`` among ``alphabet`` (a number
+    of content tokens, the first ones; default: all of them)."""
     gen = torch.Generator().manual_seed(seed)
-    successors = torch.randint(FIRST, vocab, (vocab, branching), generator=gen)
+    successors = torch.randint(
+        FIRST, FIRST + (alphabet or vocab - FIRST), (vocab,) * order + (branching,), generator=gen
+    )
     return Chain(successors, torch.tensor(probs))
 
 
 def pretrain_batch(chain: Chain, vocab: int, batch: int, seq: int, gen, mean_doc_len: int = 24) -> dict:
-    """Packed documents of chain A with EOS between them (a document ends after each token with probability
-    1/mean_doc_len; the next starts at a uniform random token); loss on every position."""
-    current = torch.randint(FIRST, vocab, (batch,), generator=gen)
+    """Packed documents of chain A, each BOS + text + EOS, back to back from each row's start (a document's text
+    ends after each token with probability 1/mean_doc_len; it starts at a uniform random token); loss on every
+    position."""
+    current = torch.full((batch,), BOS)
     columns = [current]
     for _ in range(seq):
         fresh = torch.randint(FIRST, vocab, (batch,), generator=gen)
         ends = torch.rand(batch, generator=gen) < 1 / mean_doc_len
-        nxt = torch.where(current == EOS, fresh, chain.step(current.clamp(min=FIRST), gen))
-        current = torch.where(ends & (current != EOS), torch.full_like(current, EOS), nxt)
+        text = torch.where(ends, torch.full_like(current, EOS), chain.step(current, gen))
+        current = torch.where(current == EOS, BOS, torch.where(current == BOS, fresh, text))
         columns.append(current)
     text = torch.stack(columns, 1)
     return {"tokens": text[:, :-1].clone(), "labels": text[:, 1:].clone(), "loss_mask": torch.ones(batch, seq)}
@@ -83,6 +103,10 @@ class SftSetting:
         tail = -self.prompt_tail * torch.log1p(-torch.rand(batch, generator=gen))  # exponential, mean prompt_tail
         return (low + tail.floor().long()).clamp(max=high)
 
+    def longest(self) -> int:
+        """The longest sample's length in tokens (BOS to the last answer token; its labels end with the EOS)."""
+        return self.prompt_len[1] + self.answer_len[1] + 2
+
 
 def sft_batch(chain_a: Chain, chain_b: Chain, setting: SftSetting, vocab: int, batch: int, gen) -> dict:
     """Label-aligned SFT batch (prompts from chain_a, answers continuing under chain_b), with the role (index into
@@ -94,10 +118,11 @@ def sft_batch(chain_a: Chain, chain_b: Chain, setting: SftSetting, vocab: int, b
         prompts = torch.randint(FIRST, vocab, (batch, setting.prompt_len[1]), generator=gen)
     else:
         prompts = torch.cat([start[:, None], chain_a.walk(start, setting.prompt_len[1] - 1, gen)], 1)
-    last = prompts[torch.arange(batch), p_lens - 1]
+    rows = torch.arange(batch)
+    last = torch.stack([prompts[rows, (p_lens - 2).clamp(min=0)], prompts[rows, p_lens - 1]], 1)
     answers = chain_b.walk(last, setting.answer_len[1], gen)
     texts = [
-        torch.cat([prompts[i, :p], torch.tensor([SEP]), answers[i, :a], torch.tensor([EOS])])
+        torch.cat([torch.tensor([BOS]), prompts[i, :p], torch.tensor([SEP]), answers[i, :a], torch.tensor([EOS])])
         for i, (p, a) in enumerate(zip(p_lens.tolist(), a_lens.tolist()))
     ]
     seq = setting.pad_to or max(len(t) for t in texts) - 1
@@ -109,8 +134,8 @@ def sft_batch(chain_a: Chain, chain_b: Chain, setting: SftSetting, vocab: int, b
         n = len(text) - 1
         tokens[row, :n] = text[:-1]
         labels[row, :n] = text[1:]
-        # labels[p:n] are the answer tokens and the closing EOS (text[p] is SEP); labels[:p] the prompt's and SEP
-        loss_mask[row, p if setting.loss == "answer" else 0 : n] = 1.0
-        roles[row, :p] = ROLES.index("prompt")
-        roles[row, p:n] = ROLES.index("answer")
+        # labels[:p + 1] are the prompt's tokens and SEP (text[0] is BOS); labels[p + 1:n] the answer and its EOS
+        loss_mask[row, p + 1 if setting.loss == "answer" else 0 : n] = 1.0
+        roles[row, : p + 1] = ROLES.index("prompt")
+        roles[row, p + 1 : n] = ROLES.index("answer")
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "roles": roles}

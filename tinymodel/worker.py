@@ -13,6 +13,7 @@ process group). Outside one (bench, ./run effect) they fork from torch's forkser
 """
 
 import argparse
+import contextlib
 import ctypes
 import importlib
 import importlib.util
@@ -36,7 +37,6 @@ import torch
 from maintain.repo import REPO
 from mtp_mask_fix.paths import GPT_STEP_MODULE
 from tinymodel import cpu_runtime, gpt
-from tinymodel.reference import mtp_ce_per_position, mtp_mask, mtp_positions
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,22 @@ class Started:
                 command = [sys.executable, "-m", "tinymodel.worker", *run.argv()]
                 proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
                 self._handles.append((proc, log))
+
+    def stop(self) -> None:
+        """End every run still going, with its ranks (a caller interrupted: nothing outlives it)."""
+        for handle in self._handles:
+            if isinstance(handle, ZygoteRun):
+                handle.kill()
+            elif isinstance(handle, tuple):
+                proc, log = handle
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)  # the run's own session: the process and its ranks
+                    proc.wait()
+                log.close()
+            else:
+                for process in handle.processes:
+                    if process.is_alive():
+                        process.kill()
 
     def wait(self) -> list[list[dict]]:
         """Each run's per-rank payloads, once all have finished (raises if any failed)."""
@@ -202,14 +218,19 @@ class ZygoteRun:
     def __init__(self, out: Path):
         self.out = out
 
+    def kill(self) -> None:
+        """End the supervisor's own group, it and its ranks (if it has started)."""
+        pid = (self.out / "supervisor.pid").read_text() if (self.out / "supervisor.pid").exists() else ""
+        if pid:
+            with contextlib.suppress(ProcessLookupError):  # it has ended
+                os.killpg(int(pid), signal.SIGKILL)
+
     def wait(self, timeout: float) -> str | None:
         """None once every rank exited 0; else what failed (each failed rank's traceback)."""
         done, deadline, pause = self.out / "exit.json", time.monotonic() + timeout, 0.005
         while not done.exists():
             if time.monotonic() > deadline:
-                pid = (self.out / "supervisor.pid").read_text() if (self.out / "supervisor.pid").exists() else ""
-                if pid:
-                    os.killpg(int(pid), signal.SIGKILL)  # the supervisor's own group: it and its ranks
+                self.kill()
                 return f"no result in {timeout:.0f} s"
             time.sleep(pause)
             pause = min(pause * 2, 0.1)
@@ -321,24 +342,6 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def repro(args) -> dict:
-    """One step of the mtp_num_layers=1 model on the SFT batch, with per-position MTP data for the figure."""
-    cpu_runtime.init_distributed(tensor_parallel=_world())
-    batch = gpt.make_sft_batch()
-    model = gpt.build_model(1)
-    step = gpt.run_step(model, batch)
-    seq = batch["labels"].shape[1]
-    return {
-        "step": step,
-        "batch": batch,
-        "num_parameters": sum(p.numel() for p in model.parameters()),
-        "mtp_ce": mtp_ce_per_position(step.mtp_logits[0], batch["labels"], 1),
-        "mtp_mask": mtp_mask(batch["loss_mask"], 1),
-        # Each position's weight in the MTP loss (the gradient of the step loss w.r.t. its CE), as core applied it.
-        "mtp_loss_weight": step.mtp_loss_weights[0][:, mtp_positions(seq, 1)],
-    }
-
-
 def bench(args) -> dict:
     """Forward+backward step times of the mtp_num_layers=1 model (after 3 warm-up steps)."""
     cpu_runtime.init_distributed(tensor_parallel=_world())
@@ -366,19 +369,18 @@ def expert_parallel(args) -> dict:
     return measure(_world(), CASES)
 
 
-def effect(args) -> dict:
-    """One arm of the effect experiment (see effect_arm)."""
-    from experiments.effect_arm import measure
-
-    return measure(args.size)
+def call(args) -> dict:
+    """--function (`module:name`, the caller's own) given --arg: how a room above this one runs its code on these
+    ranks without this one importing it."""
+    module, name = args.function.split(":")
+    return getattr(importlib.import_module(module), name)(args.arg)
 
 
 MODES = {
-    "repro": repro,
     "bench": bench,
     "pipeline": pipeline,
     "expert_parallel": expert_parallel,
-    "effect": effect,
+    "call": call,
 }
 
 
@@ -388,7 +390,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ranks", type=int, default=1, help="world size")
     parser.add_argument("--out", type=Path, required=True, help="directory for rank<r>.pt")
     parser.add_argument("--steps", type=int, default=30, help="timed steps (bench)")
-    parser.add_argument("--size", default="small", help="the plan (effect)")
+    parser.add_argument("--function", help="module:name of the function to run (call)")
+    parser.add_argument("--arg", help="its one argument, a string (call)")
     return parser
 
 

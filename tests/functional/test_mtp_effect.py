@@ -1,5 +1,6 @@
 """The effect experiment on its small size: the release as shipped ("unpatched") against the tree this session
-tests ("patched"), from the same pretrained weights on the same batches, in the three SFT settings.
+tests ("patched"), from the same pretrained weights on the same batches, in every setting; and the parts of the
+experiments that need no model (speculative decoding's counts, the statistics, the command lines).
 
 The arms must differ where the fix acts: the tree under test puts no MTP loss on masked positions, core's logged
 acceptance there is top-1 over the loss positions, and the two arms end with different weights. With the fix taken
@@ -7,47 +8,40 @@ out of the tree under test, those fail by assertion. Nothing here asserts the di
 is what `./run effect` measures.
 """
 
-import json
 import math
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
-from experiments import effect
-from experiments import figures as cited
-from maintain.repo import REPO, WORK, pins, release
-from mtp_mask_fix.paths import is_gpt_step_of
+from experiments import command, effect, repro, stats, training
+from experiments.synthetic import BOS, EOS, PAD, ROLES, SEP
+from maintain.repo import VIEW, pins, release
+from mtp_mask_fix.paths import GPT_STEP, is_gpt_step_of
 from tinymodel import worker
 
 
 BASE = release(pins()["megatron-bridge"]).root
+SEEDS = (0,)
 TOL = 1e-6  # core logs its acceptance as a float32 percent
 
 
 EARLY = {}
 
 
-def _start(out_dir: Path, tree: Path) -> tuple:
-    return effect.start_effect(out_dir, "small", trees={"unpatched": BASE, "patched": tree})
+def _start(tree):
+    return effect.start_effect("small", SEEDS, trees={"unpatched": BASE, "patched": tree})
 
 
 def start_early(pool) -> None:
     """Both arms, started by tests/conftest.py once the suite is collected: the unpatched arm (a process that imports
     the release cold) then runs beside the tests before this module's, not in their way."""
-    EARLY["effect"] = _start(Path(tempfile.mkdtemp(prefix="mtp-effect-")), worker.this_tree())
+    EARLY["effect"] = _start(worker.this_tree())
 
 
 @pytest.fixture(scope="module")
-def out_dir(tmp_path_factory) -> Path:
-    return EARLY["effect"][0] if "effect" in EARLY else tmp_path_factory.mktemp("effect")
-
-
-@pytest.fixture(scope="module")
-def figures(out_dir, tree):
-    return effect.finish_effect(EARLY["effect"] if "effect" in EARLY else _start(out_dir, tree))
+def figures(tree):
+    return effect.finish_effect(EARLY.pop("effect", None) or _start(tree), "small")
 
 
 def _numbers(value):
@@ -63,6 +57,11 @@ def _numbers(value):
             yield from _numbers(item)
 
 
+def _bridge_runs(figures):
+    """(setting, data) of the settings whose MTP mask the tree decides."""
+    return [(name, figures["settings"][name]) for name in effect.BRIDGE]
+
+
 class TestEffectArms:
     def test_each_arm_ran_its_own_tree(self, figures, tree):
         for arm, arm_tree in {"unpatched": BASE, "patched": tree}.items():
@@ -72,95 +71,243 @@ class TestEffectArms:
         arms = figures["arms"]
         assert arms["unpatched"]["pretrained_weights_sha256"] == arms["patched"]["pretrained_weights_sha256"]
         assert arms["unpatched"]["sft_data_sha256"] == arms["patched"]["sft_data_sha256"]
-        runs = len(figures["plan"]["seeds"]) * len(figures["plan"]["settings"])
-        assert len(set(arms["patched"]["sft_data_sha256"])) == runs  # every run its own batches
+        hashes = [h for arm in arms.values() for per_seed in arm["sft_data_sha256"].values() for h in per_seed]
+        assert None not in hashes  # the small run makes every run in both arms
+        by_setting = arms["patched"]["sft_data_sha256"]
+        assert by_setting[effect.SHARED] == by_setting["same-language"]  # its batches are same-language's
+        assert len({h for name in effect.BRIDGE for h in by_setting[name]}) == len(effect.BRIDGE) * len(SEEDS)
         assert figures["same_pretrained_weights"] is True and figures["same_data"] is True
 
-    def test_step_one_is_the_same_forward_in_both_arms(self, figures):
-        """Same weights, same batch: the LM loss and each role's MTP CE agree before the first update."""
-        for setting in figures["settings"].values():
-            one = setting["step_one"]
-            assert one["lm_loss"]["patched"]["values"] == pytest.approx(
-                one["lm_loss"]["unpatched"]["values"], rel=1e-6
-            )
-            for role, ce in one["mtp_ce_by_role"].items():
-                assert ce["patched"]["values"] == pytest.approx(ce["unpatched"]["values"], rel=1e-6), role
+    def test_the_experiments_mtp_mask_gives_the_same_run_in_either_tree(self, figures):
+        """The shared setting sets the MTP mask itself, so its runs may be split between the arms by seed."""
+        assert figures["shared_runs_equal"] == [True] * len(SEEDS)
 
-    def test_the_release_puts_mtp_loss_on_masked_positions(self, figures):
+    def test_step_one_is_the_same_forward_in_every_run(self, figures):
+        """Same weights, same batch: the LM loss and each role's MTP CE agree before the first update."""
         for name, setting in figures["settings"].items():
-            assert min(setting["step_one"]["mtp_loss_mass_on_masked"]["unpatched"]["values"]) > 0, name
+            runs = list(setting["runs"].values())
+            for run in runs[1:]:
+                assert run["step_one"]["lm_loss"] == pytest.approx(runs[0]["step_one"]["lm_loss"], rel=1e-6), name
+            ce = list(setting["step_one_ce"].values())
+            for other in ce[1:]:
+                for a, b in zip(other, ce[0]):
+                    assert a == pytest.approx(b, rel=1e-6), name
+
+    def test_the_release_puts_mtp_loss_on_padding(self, figures):
+        for name, setting in _bridge_runs(figures):
+            assert min(setting["runs"]["unpatched"]["step_one"]["mtp_loss_mass_on_padding"]) > 0, name
 
     @pytest.mark.fail_to_pass
     def test_the_tree_under_test_puts_no_mtp_loss_on_masked_positions(self, figures):
-        for name, setting in figures["settings"].items():
-            assert setting["step_one"]["mtp_loss_mass_on_masked"]["patched"]["values"] == [0.0] * len(
-                figures["plan"]["seeds"]
-            ), name
+        for name, setting in _bridge_runs(figures):
+            one = setting["runs"]["patched"]["step_one"]
+            masked = ("padding",) if name == "padding-only" else ("prompt", "padding")
+            for role in masked:
+                assert one[f"mtp_loss_mass_on_{role}"] == [0.0] * len(SEEDS), (name, role)
 
     @pytest.mark.fail_to_pass
     def test_logged_acceptance_is_teacher_forced_top1_on_the_loss_positions(self, figures):
         """Core's mtp_1_acceptance_rate on the held-out batches, at every evaluated step and seed."""
-        for name, setting in figures["settings"].items():
-            logged, true = (setting["metrics"][m]["patched"] for m in ("logged", "teacher-forced"))
-            for step, a, b in zip(setting["metrics"]["logged"]["steps"], logged, true):
-                assert a == pytest.approx(b, abs=TOL), f"{name}, step {step}"
+        for name, setting in _bridge_runs(figures):
+            curves = setting["runs"]["patched"]["curves"]
+            for step, per_seed in zip(curves["steps"], curves["logged-minus-true"]):
+                assert per_seed == pytest.approx([0.0] * len(SEEDS), abs=TOL), f"{name}, step {step}"
 
     @pytest.mark.fail_to_pass
     def test_the_arms_end_with_different_weights(self, figures):
         """A patch that changes nothing would train both arms alike, bit for bit."""
         arms = figures["arms"]
-        pairs = zip(arms["unpatched"]["fine_tuned_weights_sha256"], arms["patched"]["fine_tuned_weights_sha256"])
-        runs = [
-            f"seed {seed}, {setting}" for seed in figures["plan"]["seeds"] for setting in figures["plan"]["settings"]
+        same = [
+            f"seed {seed}, {name}"
+            for name in effect.BRIDGE
+            for seed, u, p in zip(
+                SEEDS,
+                arms["unpatched"]["fine_tuned_weights_sha256"][name],
+                arms["patched"]["fine_tuned_weights_sha256"][name],
+            )
+            if u == p
         ]
-        assert [run for run, (u, p) in zip(runs, pairs) if u == p] == []
+        assert same == []
 
 
 class TestEffectFigures:
     def test_figures_are_finite_and_complete(self, figures):
         assert all(math.isfinite(x) for x in _numbers(figures))
-        plan = figures["plan"]
-        assert list(figures["settings"]) == list(cited.SETTINGS) == plan["settings"]
-        for setting in figures["settings"].values():
-            assert sum(setting["step_one"]["mix"].values()) == pytest.approx(1.0)
-            assert set(setting["metrics"]) == set(cited.METRICS)
-            for metric in setting["metrics"].values():
-                assert metric["steps"] == plan["eval_steps"]
-                for arm in cited.ARMS:
-                    assert [len(v) for v in metric[arm]] == [len(plan["seeds"])] * len(plan["eval_steps"])
-                assert len(metric["final"]["paired_diff"]["values"]) == len(plan["seeds"])
-
-    def test_figures_json_and_plot_are_written(self, figures, out_dir):
-        assert json.loads((out_dir / "figures.json").read_text()) == figures
-        assert (out_dir / "effect.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    def test_every_cited_figure_names_its_setting_size_and_seeds(self, figures):
-        tables = effect.format_tables(figures)
+        assert list(figures["settings"]) == [*effect.BRIDGE, effect.SHARED]
         for name, setting in figures["settings"].items():
-            assert f"== setting {name}" in tables and setting["conclusion"].startswith(name)
-            line = cited.cite(figures, name)
-            assert name in line and "size small" in line and "seeds 0-0 (n=1)" in line
-        summary = cited.summary_line(figures)
-        assert "\n" not in summary and "size small" in summary and all(name in summary for name in figures["settings"])
-        assert figures["citations"]["summary"] == summary
-        assert figures["citations"]["padding-only"]["speculative"] == cited.cite(
-            figures, "padding-only", "speculative"
-        )
+            assert sum(setting["step_one_mix"].values()) == pytest.approx(1.0)
+            assert list(setting["runs"]) == list(effect.VIEWS[name]["runs"])
+            for run in setting["runs"].values():
+                assert set(run["final"]) >= set(effect.METRICS) | set(effect.DESCRIPTIVE)
+                assert all(len(v) == len(SEEDS) for v in run["final"].values())
+                assert run["curves"]["steps"] == figures["plan"]["eval_steps"]
+            for contrast in setting["contrasts"]:
+                assert all(len(contrast[m]["values"]) == len(SEEDS) for m in effect.METRICS)  # None: none counted
+            assert setting["conclusion"].startswith(f"{name}: ")
 
+    def test_tables_and_plot(self, figures):
+        tables = effect.format_tables(figures)
+        assert "size small (3 SFT steps), seeds 0-0 (n=1)" in tables
+        for name, setting in figures["settings"].items():
+            assert f"== setting {name}: {setting['description']}" in tables
+            assert f"-> {setting['conclusion']}" in tables
+        assert effect._plot(figures)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _logits(tokens: torch.Tensor, table: dict) -> torch.Tensor:
+    """[rows, len, vocab] logits whose argmax at each position is table[token there] (PAD where not listed)."""
+    out = torch.zeros(*tokens.shape, 16)
+    for index, token in enumerate(tokens.flatten().tolist()):
+        out.view(-1, 16)[index, table.get(token, PAD)] = 1.0
+    return out
+
+
+class TestSpeculative:
+    """Speculative decoding's counts, worked by hand on a model whose heads are lookup tables."""
+
+    # The LM head: after SEP 7, then 8, 9, EOS. The MTP head at t drafts the token after seq[t + 1]: after 7 it drafts
+    # 8 (right), after 8 it drafts 3 (wrong: the LM says 9), after 9 it drafts EOS (right).
+    LM = {SEP: 7, 7: 8, 8: 9, 9: EOS}
+    MTP = {7: 8, 8: 3, 9: EOS}
+
+    def _forward(self, tokens):
+        drafts = torch.cat([tokens[:, 1:], tokens[:, -1:]], 1)  # MTP at t is fed tokens[t + 1]
+        return SimpleNamespace(lm_logits=_logits(tokens, self.LM), mtp_logits=[_logits(drafts, self.MTP)])
+
+    def test_an_accepted_eos_draft_saves_no_verify_step(self):
+        """Answer 7 8 9 EOS (n = 4): 7 comes with the prompt's forward. Step 1 checks the draft of 8: accepted, it
+        yields 8 and 9, so the wrong draft of 9 is never checked. Step 2 checks the draft of EOS: accepted, it yields
+        EOS, which ends the answer as a rejection would have: 2 steps for 3 tokens, 2 of 2 drafts accepted, 1 of 1
+        without the EOS draft."""
+        prompt = [BOS, 5, 6, SEP]
+        tokens = torch.tensor([prompt + [PAD] * 4])
+        roles = torch.tensor([[ROLES.index("prompt")] * 3 + [ROLES.index("answer")] * 5])
+        model = SimpleNamespace(eval=lambda: None, train=lambda: None)
+        sums = training.speculative(model, [{"tokens": tokens, "roles": roles}], 6, forward=self._forward)
+        assert sums == {
+            "answers": 1,
+            "steps": 2,
+            "tokens": 3,
+            "proposed": 2,
+            "accepted": 2,
+            "eos_proposed": 1,
+            "eos_accepted": 1,
+        }
+
+    def test_verify_steps(self):
+        """hits[i]: the draft of token i + 2 is right. A rejected draft yields one token; an accepted one two."""
+        assert training.verify_steps([False, False, False], True) == {
+            "answers": 1,
+            "steps": 3,
+            "tokens": 3,
+            "proposed": 3,
+            "accepted": 0,
+            "eos_proposed": 1,
+            "eos_accepted": 0,
+        }
+        # tokens 2 right (yields 2, 3), 4 wrong (yields 4), 5 right (yields 5, 6); 6 is not an EOS
+        assert training.verify_steps([True, True, False, True, False], False) == {
+            "answers": 1,
+            "steps": 3,
+            "tokens": 5,
+            "proposed": 3,
+            "accepted": 2,
+            "eos_proposed": 0,
+            "eos_accepted": 0,
+        }
+        assert training.verify_steps([], True)["steps"] == 0  # the answer is the EOS alone: no verify step
+
+
+class TestStatistics:
     def test_paired_interval_is_the_t_interval_of_the_differences(self):
-        diff = effect.paired([1.0, 2.0, 3.0], [2.0, 4.0, 6.0])  # differences 1, 2, 3: mean 2, sd 1
-        half = 4.302652729749464 / math.sqrt(3)  # t(0.975, 2 degrees of freedom)
-        assert diff["mean"] == 2.0 and diff["n"] == 3
-        assert diff["ci95"] == pytest.approx([2.0 - half, 2.0 + half], rel=1e-9)
+        diff = stats.paired([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 4.0, 6.0, 8.0, 10.0])  # differences 1..5: mean 3
+        half = 2.7764451051977987 * math.sqrt(2.5) / math.sqrt(5)  # t(0.975, 4 degrees of freedom), sd sqrt(2.5)
+        assert diff["mean"] == 3.0 and diff["n"] == 5 and diff["above"] == 5 and diff["below"] == 0
+        assert diff["ci95"] == pytest.approx([3.0 - half, 3.0 + half], rel=1e-9)
+        assert stats.verdict(diff, "the fix") == "for the fix"
 
-    def test_the_citing_module_reads_json_without_torch(self):
-        probe = "import sys, experiments.figures; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
-        run = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
-        assert run.stdout == "[]\n"
+    def test_no_interval_from_fewer_than_five_seeds_or_without_spread(self):
+        few = stats.paired([0.0] * 4, [1.0, 2.0, 3.0, 4.0])
+        assert (
+            few["ci95"] is None and "no interval" in stats.interval(few) and stats.verdict(few, "x") == "no interval"
+        )
+        flat = stats.summary([0.25] * 6 + [0.2502])
+        assert flat["ci95"] is None and stats.interval(flat) == "+0.250 in all 7 seeds (no spread, no interval)"
 
-    def test_the_figures_are_keyed_as_pr_keys_its_results(self):
-        from maintain import pr
-        from mtp_mask_fix.patch import Patch
+    def test_verdicts_against_and_none(self):
+        assert stats.verdict(stats.summary([-1.0, -2.0, -1.5, -1.2, -1.8]), "the fix") == "against the fix"
+        assert stats.verdict(stats.summary([-1.0, 2.0, -1.5, 1.2, 0.1]), "the fix") == "no difference shown"
 
-        assert cited.patch_key() == pr.patch_key(Patch.load())
-        assert cited.effect_dir("plateau").parent == cited.effect_dir() == WORK / "effect" / cited.patch_key()
+    def test_signs_count_at_the_printed_precision(self):
+        s = stats.summary([1e-9, -1e-9, 0.002, -0.003, 0.0])
+        assert (s["above"], s["below"]) == (1, 1)
+        assert stats.signs(s) == "higher in 1, lower in 1, equal in 3 of 5 seeds"
+
+
+def _view_stamp():
+    path = VIEW / GPT_STEP
+    return path.stat().st_ino, path.stat().st_mtime_ns
+
+
+class TestCommands:
+    @pytest.mark.parametrize("module", [effect, repro])
+    def test_help_runs_nothing_and_writes_nothing(self, module, capsys, tmp_path):
+        before = _view_stamp()
+        with pytest.raises(SystemExit) as exit_:
+            module.main(["--help", "--out", str(tmp_path / "out")])
+        assert exit_.value.code == 0 and "--seeds" in capsys.readouterr().out
+        assert _view_stamp() == before and not (tmp_path / "out").exists()
+
+    @pytest.mark.parametrize("module", [effect, repro])
+    @pytest.mark.parametrize(
+        "args",
+        [
+            ["--seeds", "5-2"],
+            ["--seeds", "x"],
+            ["--seeds", "1,1"],
+            ["--seeds", ""],
+            ["--seeds", "0-100"],
+            ["--out"],
+            ["--size", "9"],
+        ],
+    )
+    def test_a_bad_value_is_one_line_and_exit_2(self, module, args, capsys):
+        before = _view_stamp()
+        with pytest.raises(SystemExit) as exit_:
+            module.main(args)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "error:" in err
+        assert _view_stamp() == before
+
+    def test_out_must_be_a_writable_directory(self, tmp_path, capsys):
+        (tmp_path / "file").write_text("")
+        with pytest.raises(SystemExit) as exit_:
+            effect.main(["--out", str(tmp_path / "file")])
+        assert exit_.value.code == 2 and "not a directory" in capsys.readouterr().err
+        assert command.out_dir(str(tmp_path / "new" / "dir")) == tmp_path / "new" / "dir"  # made at the end
+
+    def test_seeds(self):
+        assert command.seeds("10-19") == tuple(range(10, 20))
+        assert command.seeds("3,1,4") == (3, 1, 4)
+
+    def test_write_puts_every_file_in_one_rename(self, tmp_path):
+        assert command.write(None, {"a": b"x"}) == ""
+        line = command.write(tmp_path / "out", {"figures.json": b"{}", "plot.png": b"png"})
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["figures.json", "plot.png"]
+        assert line == f"wrote {tmp_path / 'out' / 'figures.json'}, {tmp_path / 'out' / 'plot.png'}"
+
+
+class TestReproSignature:
+    def _sides(self, mtp_before, grad_before):
+        return {
+            "unpatched": {"mtp_1_loss": [mtp_before], "grad_norm": [grad_before], "lm_loss": [3.0]},
+            "patched": {"mtp_1_loss": [4.0], "grad_norm": [1.0], "lm_loss": [3.0]},
+        }
+
+    def test_each_part_is_checked_against_its_criterion(self):
+        positions = [{"padding_predicted_bos": 1.0, "ce_by_role": {"padding": 20.0, "answer": 4.0}}]
+        checks = {c["what"]: c["holds"] for c in repro.signature(self._sides(16.0, 1.2), positions)}
+        assert all(checks.values()), checks
+        positions = [{"padding_predicted_bos": 0.2, "ce_by_role": {"padding": 8.0, "answer": 4.0}}]
+        checks = [c["holds"] for c in repro.signature(self._sides(5.0, 0.9), positions)]
+        assert checks == [False, False, False, False, True]
