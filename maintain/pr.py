@@ -236,14 +236,16 @@ def render(patch: Patch, co_author: str | None) -> str:
     }
     text = {name: Template((TEMPLATES / f"{name}.md").read_text()).substitute(values) for name in (*REVIEW, "pr_body")}
     review = f"{RULE}\n".join(text[name] for name in REVIEW)
-    trailer = f'git commit --amend --no-edit --trailer "Co-authored-by: {values["co_author"]}"'
+    trailer = (
+        f'git commit --amend --no-edit --reset-author --signoff --trailer "Co-authored-by: {values["co_author"]}"'
+    )
     return (
         "(a) review of #6105: a general comment, then one comment per suggestion; each suggestion's first line says\n"
         f"which of #6105's lines it goes on (not part of the comment); they are committed as one batch\n{RULE}\n"
         f"{review}{RULE}\n\n"
         "(b) PR body, only if #6105 stalls and its author, asked in #6105, agrees that it be carried forward; open it\n"
-        "from the branch `./run branch` makes on current main (the commit authored and signed off by you: DCO), after\n"
-        f"`./run gate` there and `{trailer}`\n(a squash merge keeps the commit's trailers)\n{RULE}\n{text['pr_body']}{RULE}\n"
+        "from the patch as a commit on current main (`./run branch`), gated there (`./run gate --checkout`), after\n"
+        f"`{trailer}`\n(you author and sign it off, DCO; a squash merge keeps the trailers)\n{RULE}\n{text['pr_body']}{RULE}\n"
     )
 
 

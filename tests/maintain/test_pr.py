@@ -227,7 +227,7 @@ class TestPrBody:
     def test_is_to_be_opened_only_after_asking_in_6105(self, texts):
         out = texts[3]
         assert "asked in #6105" in out.split(f"{RULE}\n")[-3]
-        assert f'git commit --amend --no-edit --trailer "Co-authored-by: {AUTHOR}"' in out
+        assert f'git commit --amend --no-edit --reset-author --signoff --trailer "Co-authored-by: {AUTHOR}"' in out
 
 
 def test_rendering_imports_neither_torch_nor_megatron_nor_the_experiments(tool_env, own_patch, measured):
