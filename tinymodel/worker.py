@@ -9,7 +9,8 @@ TREE (first on the import path) is the Megatron-Bridge under test. ``launch`` / 
 
 In a test session the ranks of its own tree fork from a zygote: a fork of the session's process made by
 tests/functional/conftest.py once that process has imported the tree, before it has run anything (no thread, no
-process group). Outside one (bench, ./run effect) they fork from torch's forkserver, which imports the tree cold.
+process group). Any other run (another tree, bench, ./run effect) is a process of its own that imports its tree once
+and makes its zygote the same way.
 """
 
 import argparse
@@ -61,21 +62,15 @@ def this_tree() -> Path | None:
 
 
 class Started:
-    """Worker runs under way, all at once (``start``); ``wait()`` for each run's per-rank payloads.
-
-    A run of the tree this process imports forks its ranks from a forkserver that has imported it once (ranks()); a
-    run of another tree is a process of its own (`python -m tinymodel.worker`) that does the same there.
-    """
+    """Worker runs under way, all at once (``start``); ``wait()`` for each run's per-rank payloads: from this
+    session's zygote, or from a process of their own (`python -m tinymodel.worker`)."""
 
     def __init__(self, runs: list[Launch], timeout: float = 600):
         self.runs, self.timeout, self._payloads, self._handles = runs, timeout, None, []
-        here = this_tree()
         for run in runs:
             run.out.mkdir(parents=True, exist_ok=True)
             if ZYGOTE is not None and run.tree.resolve() == ZYGOTE.tree:
                 self._handles.append(ZYGOTE.start(run))
-            elif here is not None and run.tree.resolve() == here.resolve():
-                self._handles.append(ranks(run.ranks, run.argv()))
             else:
                 log = open(run.out / "worker.log", "w")
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(run.tree), str(REPO)]))
@@ -88,16 +83,12 @@ class Started:
         for handle in self._handles:
             if isinstance(handle, ZygoteRun):
                 handle.kill()
-            elif isinstance(handle, tuple):
+            else:
                 proc, log = handle
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)  # the run's own session: the process and its ranks
                     proc.wait()
                 log.close()
-            else:
-                for process in handle.processes:
-                    if process.is_alive():
-                        process.kill()
 
     def wait(self) -> list[list[dict]]:
         """Each run's per-rank payloads, once all have finished (raises if any failed)."""
@@ -107,7 +98,7 @@ class Started:
                 if isinstance(handle, ZygoteRun):
                     if error := handle.wait(self.timeout):
                         failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed: {error}")
-                elif isinstance(handle, tuple):
+                else:
                     proc, log = handle
                     try:
                         code = proc.wait(timeout=self.timeout)
@@ -118,12 +109,6 @@ class Started:
                     if code != 0:
                         tail = (run.out / "worker.log").read_text(errors="replace")[-4000:]
                         failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed ({code}):\n{tail}")
-                else:
-                    try:
-                        while not handle.join(self.timeout):
-                            pass
-                    except Exception as exc:  # torch's ProcessRaisedException/ProcessExitedException: the rank's own
-                        failed.append(f"{run.mode} on {run.ranks} rank(s) with {run.tree} failed: {exc}")
             if failed:
                 raise RuntimeError("\n\n".join(failed))
             self._payloads = [
@@ -146,16 +131,6 @@ def launch_all(runs: list[Launch]) -> list[list[dict]]:
 def launch(mode: str, tree: Path, ranks: int, out: Path, *args: str) -> list[dict]:
     """Run MODE on `ranks` ranks with TREE first on the import path; returns each rank's payload."""
     return launch_all([Launch(mode, Path(tree), ranks, Path(out), args)])[0]
-
-
-def ranks(world: int, argv: list[str]):
-    """Fork `world` ranks of `argv` from a forkserver that imported Megatron-Bridge once (its import path is this
-    process's), with a gloo rendezvous on a free loopback port: megatron is imported once per tree, not once per
-    rank. Returns torch's ProcessContext: join() raises with a failed rank's traceback."""
-    import torch.multiprocessing as mp
-
-    mp.set_forkserver_preload(["tinymodel.worker", GPT_STEP_MODULE])
-    return mp.start_processes(_rank, (world, _free_port(), argv), nprocs=world, join=False, start_method="forkserver")
 
 
 def _free_port() -> int:
@@ -424,10 +399,8 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     start_zygote()  # this process imports the tree once; its ranks fork from it
     if ZYGOTE is None:
-        context = ranks(args.ranks, argv)
-        while not context.join():
-            pass
-    elif error := ZYGOTE.submit(args.ranks, argv, args.out).wait(timeout=float("inf")):
+        sys.exit("no megatron.bridge on the import path: PYTHONPATH=TREE:REPO")
+    if error := ZYGOTE.submit(args.ranks, argv, args.out).wait(timeout=float("inf")):
         sys.exit(error)
 
 
