@@ -35,7 +35,7 @@ class TestEntryPoints:
         result = cli("--help")
         assert result.returncode == 0
         listed = re.findall(r"^    (\w+)\s+\S", result.stdout, re.M)  # argparse's one line per command
-        assert listed == ["check", "apply", "revert", "verify", "status"]
+        assert listed == ["check", "apply", "revert", "verify", "status", "watch"]
 
 
 def _python312() -> str | None:

@@ -1,0 +1,117 @@
+"""`mtp-mask-fix watch` without the tiny model: its bad input, a command that dies or is interrupted, a sitecustomize
+of the user's that keeps working, and the one line it says of a megatron-core it cannot watch (a stand-in package
+first on the import path). tests/watch runs it on the real tiny model."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mtp_mask_fix.watched import LOOKED_FOR
+
+
+PY = sys.executable
+GPT_MODEL = "megatron/core/models/gpt/gpt_model.py"
+IMPORT_GPT = "import megatron.core.models.gpt.gpt_model"
+
+
+def core(root: Path, files: dict[str, str]) -> dict:
+    """A stand-in megatron-core of `files` (path: text) under root; the environment that puts it first."""
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for folder in ("megatron/core", "megatron/core/models", "megatron/core/models/gpt", "megatron/core/transformer"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "__init__.py").touch()
+    return {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+
+
+MOVED = {  # a GPTModel whose MTP loss is neither where 0.17 on has it nor inline as in 0.16
+    GPT_MODEL: "class GPTModel:\n    def _postprocess(self, hidden_states, labels, loss_mask=None):\n        pass\n",
+    "megatron/core/transformer/multi_token_prediction.py": "def mtp_loss(hidden_states, labels, loss_mask):\n    pass\n",
+}
+WITHOUT_MTP = {GPT_MODEL: "class GPTModel:\n    pass\n"}  # no multi_token_prediction module at all
+NEVER_RAN = {
+    GPT_MODEL: "from megatron.core.transformer.multi_token_prediction import process_mtp_loss\n",
+    "megatron/core/transformer/multi_token_prediction.py": "def process_mtp_loss(hidden_states, labels, loss_mask):\n"
+    "    pass\n",
+}
+
+
+NOT_FOUND = f"megatron-core's MTP loss found in 0 process(es), run in none (looked for {LOOKED_FOR})"
+
+
+@pytest.fixture
+def env(tool_env, tmp_path):
+    """The tool's environment with TMPDIR of its own: watch must leave nothing there."""
+    (tmp_path / "tmp").mkdir()
+    return dict(tool_env, TMPDIR=str(tmp_path / "tmp"))
+
+
+CASES = {  # argv after `watch`, the stand-in core (or none), exit code, what the one line says
+    "no command": ((), None, 2, "no command after --"),
+    "only --": (("--",), None, 2, "no command after --"),
+    "a command not found": (("--", "no-such-command-here"), None, 2, "no-such-command-here: command not found"),
+    "--steps 0": (("--steps", "0", "--", PY, "-c", "pass"), None, 2, "--steps 0: not a number of calls (1 or more)"),
+    "--steps x": (("--steps", "x", "--", PY, "-c", "pass"), None, 2, "argument --steps: invalid int value: 'x'"),
+    "a command that fails": (("--", PY, "-c", "raise SystemExit(3)"), None, 3, f"{PY} ended with exit code 3"),
+    "a command killed": (("--", PY, "-c", "import os; os.kill(os.getpid(), 9)"), None, 137, "killed by SIGKILL"),
+    "no megatron-core": (("--", PY, "-c", "pass"), None, 5, NOT_FOUND),
+    "a core whose MTP loss moved": (("--", PY, "-c", IMPORT_GPT), MOVED, 5, NOT_FOUND),
+    "a core without MTP": (("--", PY, "-c", IMPORT_GPT), WITHOUT_MTP, 5, NOT_FOUND),
+    "an MTP loss that never ran": (("--", PY, "-c", IMPORT_GPT), NEVER_RAN, 5, "found in 1 process(es), run in none"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_line_its_own_exit_code_and_nothing_left(cli, refused, env, tmp_path, name):
+    argv, files, code, words = CASES[name]
+    if files is not None:
+        env = dict(env, **core(tmp_path / "core", files))
+    refused(cli("watch", *argv, env=env), code, words)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_the_users_sitecustomize_still_runs(cli, env, tmp_path):
+    """Found after watch's own on the path, it runs as `sitecustomize` in every process, as it did without watch."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    env = dict(env, **core(tmp_path / "core", NEVER_RAN))
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path / "site")
+    code = f"{IMPORT_GPT}; import os, sitecustomize; print(os.environ['USER_SITE_RAN'], sitecustomize.__file__)"
+    result = cli("watch", "--", PY, "-c", code, env=env)
+    assert result.stdout == f"1 {tmp_path / 'site' / 'sitecustomize.py'}\n", result.stderr
+    assert "found in 1 process(es), run in none" in result.stderr  # and watch's own ran too
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_the_job_ends_and_nothing_is_left(env, tmp_path, signum):
+    """SIGINT to watch's process group (Ctrl-C at a terminal), SIGTERM to watch alone: the command gets it once, ends,
+    and watch says so in one line, 128+n, with its folder gone."""
+    env = dict(env, **core(tmp_path / "core", NEVER_RAN))
+    job = f"import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); {IMPORT_GPT}; "
+    job += "open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
+    watch = subprocess.Popen(
+        [PY, "-m", "mtp_mask_fix", "watch", "--", PY, "-c", job],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert watch.poll() is None, watch.communicate()
+        time.sleep(0.05)
+    (os.killpg if signum == signal.SIGINT else os.kill)(watch.pid, signum)
+    out, err = watch.communicate(timeout=60)
+    assert (watch.returncode, out) == (128 + signum, "")
+    assert err == f"mtp-mask-fix: error: interrupted by {signum.name}: nothing changed\n"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+    assert list((tmp_path / "tmp").iterdir()) == []

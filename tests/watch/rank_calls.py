@@ -1,0 +1,24 @@
+"""A rank of test_tiny_model's torchrun job: the tiny GPTModel called directly, then one backward. Rank 0 calls it as
+Megatron-LM's pretrain_gpt.py does (labels and loss_mask); rank 1 as a label-less RL step does (core then derives the
+labels from input_ids)."""
+
+import os
+
+import torch
+
+from tinymodel import cpu_runtime, gpt
+
+
+torch.set_num_threads(1)
+cpu_runtime.init_distributed()  # torchrun's env:// rendezvous: a data-parallel world of 2
+model, batch = gpt.build_model(1), gpt.make_sft_batch()
+tokens = batch["tokens"]
+position_ids = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
+attention_mask = torch.ones(1, 1, tokens.shape[1], tokens.shape[1], dtype=torch.bool).triu(diagonal=1)
+with cpu_runtime.CudaAsCpu():
+    if os.environ["RANK"] == "0":
+        out = model(tokens, position_ids, attention_mask, labels=batch["labels"], loss_mask=batch["loss_mask"])
+    else:
+        out = model(tokens, position_ids, attention_mask)
+out.float().sum().backward()
+cpu_runtime.shutdown_distributed()
