@@ -42,6 +42,7 @@ LAYERS = (  # (label, nodeid prefix), first match wins
     ("wrong fixes", "tests/test_wrong_fixes.py"),
     ("workflows lint", "tests/test_workflows.py"),
     ("layout", "tests/test_layout.py"),
+    ("watch on the tiny model", "tests/watch/"),
 )
 RSS_TARGET_MIB = 1024.0
 RATIO_TOLERANCE = 0.10  # "about 1.0": within 10 % either way, CPU timing noise on 2 cores included

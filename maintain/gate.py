@@ -50,6 +50,7 @@ class Row:
     red: str = "-"
     green: str = "-"
     commit: str = ""  # a checkout's gated commit, for pr
+    tag: str = ""  # its release tag, if it is one
     anchors: dict = field(default_factory=dict)  # pr's permalinks: the lines they point at, at that commit
 
 
@@ -94,6 +95,7 @@ def checkout_row(target: Target, patch: Patch, rev: str = "HEAD", upstream: Path
     row.touched = touched_tests(patch.test_files(), upstream, row.patched.cwd)
     row.notes = lint(row.patched.cwd, patch.paths())
     row.commit = git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=target.root).stdout.strip()
+    row.tag = git("describe", "--tags", "--exact-match", row.commit, cwd=target.root, check=False).stdout.strip()
     row.anchors = pr.anchors(upstream, target.root, row.commit)
     return row
 
@@ -178,7 +180,7 @@ def evaluate(rows: list[Row], python: str) -> None:
             held = {"commit": row.commit, "megatron_core": core, "megatron_lm": lm, "red": row.red, "green": row.green}
             same = (row.commit, core, lm)  # a run of this patch with the same commit and megatron-core: replaced
             kept = [c for c in old if (c["commit"], c["megatron_core"], c.get("megatron_lm")) != same]
-            checkouts = kept + [held | {"anchors": row.anchors}]
+            checkouts = kept + [held | {"tag": row.tag, "anchors": row.anchors}]
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"patch": pr.patch_key(row.patch), "checkouts": checkouts}, indent=1) + "\n")
 

@@ -205,7 +205,7 @@ def _tested(row: dict) -> str:
     red, of = row["red"].split("/")
     needed = f"the {of} new cases that need it" if red == of else f"{red} of the {of} new cases that need it"
     return (
-        f"- at {row['commit'][:12]}, with megatron-core {row['megatron_core']} built from its `{SUBMODULE}` pin "
+        f"- at {row.get('tag') or 'commit'} {row['commit'][:12]}, with megatron-core {row['megatron_core']} built from its `{SUBMODULE}` pin "
         f"(NVIDIA/Megatron-LM@{row['megatron_lm'][:12]}): {row['green']} pass; without the `gpt_step.py` change, "
         f"{needed} fail by assertion."
     )
@@ -240,7 +240,8 @@ def render(patch: Patch, co_author: str | None) -> str:
         f'git commit --amend --no-edit --reset-author --signoff --trailer "Co-authored-by: {values["co_author"]}"'
     )
     return (
-        "(a) review of #6105: a general comment, then one comment per suggestion; each suggestion's first line says\n"
+        "(a) review of #6105, to post while #6105 is open and upstream main still lacks the kwarg (`./run check` of a\n"
+        "fresh clone exits 0): a general comment, then one comment per suggestion; each suggestion's first line says\n"
         f"which of #6105's lines it goes on (not part of the comment); they are committed as one batch\n{RULE}\n"
         f"{review}{RULE}\n\n"
         "(b) PR body, only if #6105 stalls and its author, asked in #6105, agrees that it be carried forward; open it\n"

@@ -206,18 +206,18 @@ class TestPrBody:
 
     def test_counts_the_megatron_lm_commit_and_pre_commit_as_gated(self, texts, measured, run_pr):
         body = texts[2]
-        assert "at 0123456789ab, with megatron-core 9.8.7 built from its `3rdparty/Megatron-LM` pin" in body
+        assert "at commit 0123456789ab, with megatron-core 9.8.7 built from its `3rdparty/Megatron-LM` pin" in body
         assert f"(NVIDIA/Megatron-LM@{LM[:12]}): 77/78 pass" in body and "the 3 new cases that need it" in body
         assert "pre-commit's hooks" in body
         second = MEASURED | {"commit": "1" * 40, "green": "5/6", "red": "1/2"}
         measured([MEASURED, second])
         both = run_pr("--co-author", AUTHOR).stdout
-        assert "at 111111111111," in both and "5/6 pass" in both and "1 of the 2 new cases" in both
+        assert "at commit 111111111111," in both and "5/6 pass" in both and "1 of the 2 new cases" in both
 
     def test_a_run_with_a_megatron_core_not_built_from_the_pin_is_left_out(self, measured, run_pr):
         measured([MEASURED, MEASURED | {"commit": "1" * 40, "megatron_lm": None}])
         body = run_pr("--co-author", AUTHOR).stdout
-        assert "at 0123456789ab," in body and "111111111111" not in body
+        assert "at commit 0123456789ab," in body and "111111111111" not in body
 
     def test_quotes_the_reports_figures_and_no_tiny_model_figure(self, texts):
         body = texts[2]

@@ -62,7 +62,9 @@ class TestBuild:
 
     def test_edits_to_the_commit_reach_the_patch(self, git, upstream, patch, tmp_path):
         """gbp-pq style: amend the commit in the checkout, refresh, and the patch carries the edit."""
-        text = upstream.gpt_step.read_text().replace('forward_args["loss_mask"] = loss_mask', 'forward_args["loss_mask"] = loss_mask  # edited')
+        text = upstream.gpt_step.read_text().replace(
+            'forward_args["loss_mask"] = loss_mask', 'forward_args["loss_mask"] = loss_mask  # edited'
+        )
         upstream.gpt_step.write_text(text)
         git(upstream.root, "commit", "--quiet", "--amend", "--no-edit", "-a")
         new = Patch.parse(tmp_path / "p", build(checkout_target(upstream.root), "wip", patch))

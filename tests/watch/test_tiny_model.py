@@ -33,9 +33,10 @@ from tinymodel.worker import Launch
 RELEASE = release(pins()["megatron-bridge"]).root
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 OUT = Path("out")  # in each job's folder
+STEP = ("--function", "tests.watch.one_step:step", "--arg", "")
 JOBS = {  # name: (watch's options, the command: a worker run of its tree, or one with the view first on the path)
-    "view": ((), Launch("repro", VIEW, 1, OUT)),
-    "strict": (("--strict",), Launch("repro", RELEASE, 1, OUT)),
+    "view": ((), Launch("call", VIEW, 1, OUT, STEP)),
+    "strict": (("--strict",), Launch("call", RELEASE, 1, OUT, STEP)),
     "pp2": (("--steps", "3"), Launch("pipeline", RELEASE, 2, OUT)),
     "torchrun": ((), [*TORCHRUN, str(Path(__file__).with_name("rank_calls.py"))]),
 }
