@@ -311,9 +311,10 @@ def checkout_environment() -> Path:
     try:
         python = sync(REPO, "--locked")
     finally:
-        said = fetching.communicate()[1].decode().strip() if fetching else ""
-    if fetching and fetching.returncode != 0:
-        say(f"warning: release wheels not fetched; the tests that read them will download them: {said}")
+        said = fetching.communicate()[1].decode().strip().splitlines() if fetching else []
+    if fetching and fetching.returncode != 0:  # its last line: the ToolError's, or the traceback's end
+        reason = said[-1] if said else f"exit {fetching.returncode}"
+        say(f"warning: release wheels not fetched; the tests that read them will download them ({reason})")
     return python
 
 
