@@ -9,7 +9,7 @@ from mtp_mask_fix import cli
 
 
 RUN = [  # what ./run does itself, around the modules
-    ("./run setup", "build the environment (requirements/, once) and the view src/"),
+    ("./run setup", "sync the environment (uv.lock; a quick check once it is in sync) and write the view src/"),
     ("./run test [PYTEST ARGS]", "the whole test suite, or what the arguments select (what CI runs)"),
     (
         "./run python VERSION|DIR",

@@ -1,26 +1,66 @@
-"""The test environment of each release line: the megatron-core its 3rdparty/Megatron-LM submodule pins
-(requirements/lines.toml, or the newest its wheel allows) and the transformers its wheel declares; and of an upstream
-checkout: the megatron-core of the commit its HEAD pins for its submodule (PyPI has no core for upstream main), built
-from that commit's content, and the transformers its pyproject.toml declares.
+"""The test environments, each made by one `uv sync`: this checkout's (.venv, pyproject.toml's dev group as uv.lock
+pins it) and one per release line and upstream checkout (.work/envs/<key>: the same group, with the megatron-core the
+line's 3rdparty/Megatron-LM submodule pins and the transformers and datasets its wheel or pyproject.toml declares).
 
-`python -m maintain.envs VERSION|CHECKOUT` prints one line, tab-separated, for ./run: the environment's key (empty
-for the pinned release, whose environment is .venv itself), then the pip requirements that make it from
-requirements/cpu.lock. Releases that share a megatron-core and a transformers requirement share one environment
-(.work/envs/<key>); a checkout's key names its submodule's commit.
+A release line takes the megatron-core in lines.toml (or the newest its wheel allows); an upstream checkout, the
+commit its HEAD pins for its submodule (PyPI has no core for upstream main), built from that commit's content. Each
+line's environment is a project generated in its folder from pyproject.toml, resolved from uv.lock's versions (copied
+there as the starting lock whenever it changes), so that it differs from .venv only where its pins make it. Releases
+that share a megatron-core and a transformers requirement share one environment; a checkout's key names its
+submodule's commit.
+
+Two files that uv.lock names come from .work/dists, put there first: the CPU torch wheel, from the machine's own
+package sources as pip's configuration names them (a local find-links or index), else from PyTorch's CPU index (uv
+checks it against the lock's sha256); and megatron-core's sdist, from PyPI (its sha256 checked here). megatron-core
+declares Python >= 3.12 (it runs on 3.11): an index states that for each file and uv holds to it, while for a file in a
+local folder uv reads the Python range from pyproject.toml's dependency-metadata.
+
+`python -m maintain.envs [VERSION|CHECKOUT]` syncs the environment (this checkout's without an argument) and prints
+its interpreter; uv's own output goes to stderr.
 """
 
+import functools
+import hashlib
+import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
+import time
 import tomllib
+import urllib.request
 from email.parser import Parser
 from pathlib import Path
+from typing import NamedTuple
 
 from maintain.repo import REPO, WORK, pins, release
-from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import git
+
+
+LINES = Path(__file__).with_name("lines.toml")  # the megatron-core of each release line
+DISTS = WORK / "dists"  # pyproject.toml's flat index: the files uv.lock names that no index serves as they are
+TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # where the CPU torch comes from when the machine has none
+CORE_INDEX = "https://pypi.org/simple/megatron-core/"
+SUBMODULE = "3rdparty/Megatron-LM"
+
+
+class Spec(NamedTuple):
+    """A test environment: its folder under .work/envs ("" for .venv), the requirements that replace the dev group's
+    of the same names, and the tree megatron-core is built from (an upstream checkout's; None: its sdist)."""
+
+    key: str
+    requirements: list[str]
+    tree: Path | None = None
+
+
+def project() -> dict:
+    """This checkout's pyproject.toml."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text())
 
 
 def metadata_file(root: Path) -> Path | None:
@@ -49,7 +89,7 @@ def declared(requirements: list[str], name: str) -> str | None:
 
 def core(version: str) -> str:
     """megatron-core for a release: lines.toml's row, the pin for the pinned release, else the newest allowed."""
-    table = tomllib.loads((REPO / "requirements" / "lines.toml").read_text())["megatron-core"]
+    table = tomllib.loads(LINES.read_text())["megatron-core"]
     name = release(version).root.name
     if name in table:
         return f"=={table[name]}"
@@ -72,34 +112,29 @@ def newest(package: str, allowed: str) -> str:
     return versions[0]
 
 
-def spec(version: str) -> tuple[str, list[str]]:
-    """(key, requirements): "" for the pinned environment (.venv), else a folder name naming the two pins."""
+def spec(version: str) -> Spec:
+    """A release's environment: "" (.venv) when it is the pinned one's, else a folder naming the two pins."""
     name = release(version).root.name
     # datasets too: resolved with transformers, so that both agree on huggingface-hub (transformers < 5 needs < 1.0).
     wanted = [f"megatron-core{core(name)}", *(f"{p}{requirement(name, p)}" for p in ("transformers", "datasets"))]
     pinned = f"megatron-core=={pins()['megatron-core']}"
-    lock = (REPO / "requirements" / "cpu.lock").read_text()
-    locked = re.search(r"^transformers==(\S+)$", lock, re.M).group(1)
-    if wanted[0] == pinned and _allows(wanted[1], locked):
-        return "", wanted
-    return "-".join(_name(req) for req in wanted[:2]), wanted
+    if wanted[0] == pinned and _allows(wanted[1], locked("transformers")):
+        return Spec("", wanted)
+    return Spec("-".join(_name(req) for req in wanted[:2]), wanted)
 
 
-SUBMODULE = "3rdparty/Megatron-LM"
-
-
-def checkout_spec(root: Path) -> tuple[str, list[str]]:
-    """(key, requirements) of an upstream checkout: megatron-core built from the commit its HEAD pins for
-    3rdparty/Megatron-LM (the tests run the checkout's HEAD), which must be the one checked out there, then
-    transformers and datasets as its pyproject.toml declares them. The build's source is that commit's content,
-    unpacked once under .work/src, never the submodule's working tree: pip builds in place, and uncommitted edits or
-    a stale build/ there would go into an environment whose key names a clean commit."""
+def checkout_spec(root: Path) -> Spec:
+    """An upstream checkout's environment: megatron-core built from the commit its HEAD pins for 3rdparty/Megatron-LM
+    (the tests run the checkout's HEAD), which must be the one checked out there, then transformers and datasets as
+    its pyproject.toml declares them. The build's source is that commit's content, unpacked once under .work/src,
+    never the submodule's working tree: uncommitted edits or a stale build/ there would go into an environment whose
+    key names a clean commit."""
     update = f"`git -C {root} submodule update --init {SUBMODULE}`"
     try:
-        project = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
+        upstream = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ToolError(f"{root}: no readable pyproject.toml ({exc}); is it a Megatron-Bridge checkout?") from None
-    declared_deps = project.get("dependencies")
+    declared_deps = upstream.get("dependencies")
     if not isinstance(declared_deps, list):
         raise ToolError(f"{root}/pyproject.toml: no static [project].dependencies to read transformers' pin from")
     pinned = git("rev-parse", "--verify", "-q", f"HEAD:{SUBMODULE}", cwd=root, check=False).stdout.strip()
@@ -117,10 +152,10 @@ def checkout_spec(root: Path) -> tuple[str, list[str]]:
         where = f"{SUBMODULE}/megatron/core/package_info.py at {pinned[:12]}"
         raise ToolError(f"{root}: no MAJOR/MINOR/PATCH version in {where}" if info else f"{root}: no {where}")
     version = ".".join(part.group(1) for part in parts)
-    wanted = [f"megatron-core@{_unpacked(lm, pinned).as_uri()}"]
+    wanted = [f"megatron-core=={version}"]
     for package in ("transformers", "datasets"):
         wanted.append(package + (declared(declared_deps, package) or ""))
-    return f"core{version}-{pinned[:12]}-{_name(wanted[1])}", wanted
+    return Spec(f"core{version}-{pinned[:12]}-{_name(wanted[1])}", wanted, _unpacked(lm, pinned))
 
 
 def _unpacked(repo: Path, commit: str) -> Path:
@@ -157,16 +192,202 @@ def _allows(requirement: str, version: str) -> bool:
     return Requirement(requirement).specifier.contains(version, prereleases=True)
 
 
-if __name__ == "__main__":
+def _project_name(requirement: str) -> str:
+    return re.sub(r"[-_.]+", "-", re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1)).lower()
+
+
+def locked(package: str) -> str:
+    """The version uv.lock pins for `package`."""
+    lock = tomllib.loads((REPO / "uv.lock").read_text())
+    return next(entry["version"] for entry in lock["package"] if entry["name"] == package)
+
+
+# --- Making them ----------------------------------------------------------------------------------------------------
+
+
+def say(text: str) -> None:
+    """A line of ./run's own, on stderr (stdout carries only the interpreter)."""
+    print(f"[run] {text}", file=sys.stderr, flush=True)
+
+
+@functools.cache
+def uv() -> str:
+    """The uv that pyproject.toml requires: on PATH if it is that one, else installed by pip into .work/uv, once."""
+    wanted = project()["tool"]["uv"]["required-version"].removeprefix("==")
+    mine = WORK / "uv" / "bin" / "uv"
+    for candidate in filter(None, (shutil.which("uv"), mine.is_file() and str(mine))):
+        if subprocess.run([candidate, "--version"], capture_output=True, text=True).stdout.split()[1:2] == [wanted]:
+            return candidate
+    say(f"installing uv {wanted} into {mine.parent.parent} (pip, once)")
+    WORK.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=WORK, prefix=".uv.") as tmp:
+        _pip("install", "--no-deps", "--target", f"{tmp}/uv", f"uv=={wanted}", failure=f"uv {wanted} not installed")
+        shutil.rmtree(mine.parent.parent, ignore_errors=True)
+        Path(tmp, "uv").rename(mine.parent.parent)
+    return str(mine)
+
+
+def _pip(*args: str, failure: str | None) -> bool:
+    """pip with the machine's own configuration, its output shown only when it fails; with `failure`, a failure is
+    that ToolError."""
+    done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True)
+    if done.returncode != 0 and failure:
+        sys.stderr.buffer.write(done.stdout + done.stderr)
+        raise ToolError(f"{failure} (pip's output above)")
+    return done.returncode == 0
+
+
+def stage_torch() -> None:
+    """The CPU torch wheel pyproject.toml's source names, into .work/dists: from the package sources pip's own
+    configuration gives (find-links, indexes: a local copy, where the machine has one), else PyTorch's CPU index."""
+    wheel = REPO / project()["tool"]["uv"]["sources"]["torch"]["path"]
+    if wheel.is_file():
+        return
+    torch = "torch==" + wheel.name.split("-")[1]  # 2.13.0+cpu: only a CPU build matches, never PyPI's CUDA one
+    get = ["download", "--no-deps", "--only-binary", ":all:", "-d", str(wheel.parent), torch]
+    if not _pip(*get, failure=None):
+        say(f"{torch} is not among this machine's package sources: downloading it from {TORCH_INDEX}")
+        _pip(*get, "--index-url", TORCH_INDEX, failure=f"{torch}: not downloadable")
+
+
+def stage_core(version: str) -> None:
+    """megatron-core's sdist `version` into .work/dists, from PyPI's simple API, its sha256 checked; written whole or
+    not at all (a temporary file renamed into place)."""
+    sdist = DISTS / f"megatron_core-{version}.tar.gz"
+    if sdist.is_file():
+        return
+    request = urllib.request.Request(CORE_INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
+        with urllib.request.urlopen(request, timeout=60) as page:
+            files = {file["filename"]: file for file in json.load(page)["files"]}
+        if sdist.name not in files:
+            raise ToolError(f"megatron-core {version}: no sdist on {CORE_INDEX}")
+        with urllib.request.urlopen(files[sdist.name]["url"], timeout=300) as got:
+            data = got.read()
+    except OSError as exc:
+        raise ToolError(f"megatron-core {version}: {CORE_INDEX} not reachable ({exc})") from None
+    if hashlib.sha256(data).hexdigest() != files[sdist.name]["hashes"]["sha256"]:
+        raise ToolError(f"{sdist.name}: the download does not match the sha256 {CORE_INDEX} gives")
+    DISTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=DISTS, prefix=f".{sdist.name}.") as tmp:
+        Path(tmp, sdist.name).write_bytes(data)
+        Path(tmp, sdist.name).rename(sdist)
+
+
+def sync(folder: Path, *flags: str) -> Path:
+    """`uv sync` of the project in `folder` (nothing to do: one quick check), with this interpreter's own Python;
+    its .pth files written; its interpreter. NO_VCS_VERSION=1: a megatron-core built from a tree here is its bare
+    X.Y.Z, not X.Y.Z+<the commit of whichever git repository encloses the build>."""
+    command = [uv(), "sync", "--project", str(folder), "--python", sys._base_executable, *flags]
+    env = os.environ | {"NO_VCS_VERSION": "1"}
+    if subprocess.run([*command, "--check", "--quiet"], env=env, capture_output=True).returncode != 0:
+        start = time.monotonic()
+        say(f"syncing {folder / '.venv'} (uv; the first time about a minute)")
+        if subprocess.run(command, env=env).returncode != 0:
+            raise ToolError(f"{folder / '.venv'}: uv sync failed (above)", Exit.FAILED)
+        say(f"environment ready in {time.monotonic() - start:.0f} s")
+    venv = folder / ".venv"
+    site = sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)})  # its Python is this one
+    # tinymodel/site's sitecustomize (CPU shims) loads in every Python process of the environment: pytest, its
+    # forked sessions, verify's probe, every worker rank; and this checkout's packages import from anywhere, as
+    # .venv's editable install of the tool gives it. Rewritten each time: cheap, and they follow the checkout.
+    Path(site, "mtp-mask-fix-cpu-shims.pth").write_text(f"{REPO / 'tinymodel' / 'site'}\n")
+    Path(site, "mtp-mask-fix-checkout.pth").write_text(f"{REPO}\n")
+    return venv / "bin" / "python"
+
+
+def checkout_environment() -> Path:
+    """.venv: the dev group as uv.lock pins it, and the tool installed editable; meanwhile the release wheels the
+    tests read are fetched into .work/pypi (the pinned release and every line of lines.toml), so that the suite
+    downloads nothing."""
+    stage_torch()
+    stage_core(pins()["megatron-core"])
+    versions = dict.fromkeys([pins()["megatron-bridge"], *tomllib.loads(LINES.read_text())["megatron-core"]])
+    missing = [version for version in versions if not (WORK / "pypi" / version).is_dir()]
+    fetch = "import sys\nfrom maintain.repo import release\nfor version in sys.argv[1:]: release(version)"
+    fetching = missing and subprocess.Popen(
+        [sys.executable, "-c", fetch, *missing], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        python = sync(REPO, "--locked")
+    finally:
+        said = fetching.communicate()[1].decode().strip().splitlines() if fetching else []
+    if fetching and fetching.returncode != 0:  # its last line: the ToolError's, or the traceback's end
+        reason = said[-1] if said else f"exit {fetching.returncode}"
+        say(f"warning: release wheels not fetched; the tests that read them will download them ({reason})")
+    return python
+
+
+def line_environment(line: Spec) -> Path:
+    """A release line's or checkout's environment, in .work/envs/<key> (or $MTP_ENVS/<key>): a project there made
+    from pyproject.toml with the line's requirements, whose first lock is uv.lock, then one `uv sync`."""
+    folder = Path(os.environ.get("MTP_ENVS") or WORK / "envs") / line.key
+    folder.mkdir(parents=True, exist_ok=True)
+    stage_torch()
+    if line.tree is None:
+        stage_core(line.requirements[0].partition("==")[2])
+    text = _line_project(line)
+    if not (folder / "pyproject.toml").is_file() or (folder / "pyproject.toml").read_text() != text:
+        (folder / "pyproject.toml").write_text(text)
+    base = (REPO / "uv.lock").read_bytes()
+    digest = hashlib.sha256(base).hexdigest()
+    if not (folder / "uv.lock.base").is_file() or (folder / "uv.lock.base").read_text() != digest:
+        (folder / "uv.lock").write_bytes(base)  # uv keeps every version it can from this lock
+        (folder / "uv.lock.base").write_text(digest)
+    return sync(folder)
+
+
+def _line_project(line: Spec) -> str:
+    """The pyproject.toml of a line's environment: this one's dev group with the line's requirements in place of the
+    ones of the same names, its [tool.uv] with every path made absolute; not a package (nothing of it is built)."""
+    import tomli_w
+
+    root = project()
+    replaced = {_project_name(req) for req in line.requirements}
+    dev = [req for req in root["dependency-groups"]["dev"] if _project_name(req) not in replaced]
+    own = ("config-settings-package", "cache-keys")  # of the tool's editable install, which a line has not
+    settings = {key: value for key, value in root["tool"]["uv"].items() if key not in own}
+    settings["package"] = False
+    settings["index"] = [index | {"url": str(REPO / index["url"])} for index in settings["index"]]
+    settings["sources"] = {name: {"path": str(REPO / where["path"])} for name, where in settings["sources"].items()}
+    if line.tree is not None:  # built from that tree, whose version uv must be told (it reads no metadata there)
+        settings["sources"]["megatron-core"] = {"path": str(line.tree)}
+        version = line.requirements[0].partition("==")[2]
+        metadata = [m for m in settings["dependency-metadata"] if m["name"] == "megatron-core"]
+        settings["dependency-metadata"] = [m | {"version": version} for m in metadata]
+    document = {
+        "project": {
+            "name": "mtp-mask-fix-line",
+            "version": "0",
+            "requires-python": root["project"]["requires-python"],
+        },
+        "dependency-groups": {"dev": dev + line.requirements},
+        "tool": {"uv": settings},
+    }
+    return "# Generated by maintain/envs.py from the checkout's pyproject.toml; never edited.\n" + tomli_w.dumps(
+        document
+    )
+
+
+def _interrupted(signum, _frame):
+    raise ToolError(f"interrupted by {signal.Signals(signum).name}: run it again to finish", 128 + signum)
+
+
+if __name__ == "__main__":
+    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(_signum, _interrupted)
+    try:
+        if len(sys.argv) == 1:
+            print(checkout_environment())
+            sys.exit(0)
         where = Path(sys.argv[1])
         if where.is_dir():
-            key, wanted = checkout_spec(where.resolve())
+            line = checkout_spec(where.resolve())
         elif "/" in sys.argv[1]:  # a path, not a version: a typo must not read as "not on the package index"
             raise ToolError(f"{sys.argv[1]}: no such directory")
         else:
-            key, wanted = spec(sys.argv[1])
+            line = spec(sys.argv[1])
+        print(line_environment(line) if line.key else REPO / ".venv" / "bin" / "python")
     except ToolError as exc:
         print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
         sys.exit(int(exc.code))
-    print("\t".join([key, *wanted]))

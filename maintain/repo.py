@@ -1,10 +1,12 @@
 """This checkout's places, and the releases it works on: the pinned one every default refers to, and any other,
 downloaded once from the package index into .work/pypi/."""
 
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -16,13 +18,17 @@ from mtp_mask_fix.targets import Kind, Target, resolve
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".work"  # downloads, environments and outputs (git-ignored)
 VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
-PINS = REPO / "requirements" / "megatron.txt"  # the pinned release and this environment's megatron-core
 
 
 def pins() -> dict[str, str]:
-    """requirements/megatron.txt: the pinned release every default refers to, and this environment's megatron-core."""
-    lines = [line.replace(" ", "") for line in PINS.read_text().splitlines()]
-    return dict(line.split("==") for line in lines if line and not line.startswith("#"))
+    """The pinned release every default refers to (pyproject.toml's [tool.mtp-mask-fix]) and the megatron-core of
+    this checkout's environment (its dev group)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    core = next(r for r in project["dependency-groups"]["dev"] if re.match(r"megatron-core\s*==", r))
+    return {
+        "megatron-bridge": project["tool"]["mtp-mask-fix"]["megatron-bridge"],
+        "megatron-core": core.partition("==")[2].strip(),
+    }
 
 
 def release(version: str) -> Target:

@@ -114,8 +114,8 @@ class TestReleaseEnvironments:
 
     def test_an_upstream_checkout_gets_its_submodules_core(self, upstream_checkout, tmp_path):
         """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from the commit DIR
-        pins, unpacked from git (not the submodule's working tree, where pip would build in place), and keeps the
-        transformers pin through its extras."""
+        pins, unpacked from git (not the submodule's working tree, with its local edits and stale build/), and keeps
+        the transformers pin through its extras."""
         from maintain.envs import checkout_spec
 
         bridge, source, commit = upstream_checkout
@@ -124,7 +124,8 @@ class TestReleaseEnvironments:
         unpacked = tmp_path / "work" / "src" / f"megatron-lm-{commit[:12]}"
         assert checkout_spec(bridge) == (
             f"core0.20.0-{commit[:12]}-transformers-ge5.8-le5.12.1",
-            [f"megatron-core@{unpacked.as_uri()}", "transformers>=5.8,<=5.12.1", "datasets"],
+            ["megatron-core==0.20.0", "transformers>=5.8,<=5.12.1", "datasets"],
+            unpacked,
         )
         assert sorted(str(p.relative_to(unpacked)) for p in unpacked.rglob("*")) == [
             "megatron",
@@ -224,7 +225,7 @@ class TestReleaseEnvironments:
 
         from maintain.repo import REPO
 
-        table = tomllib.loads((REPO / "requirements" / "lines.toml").read_text())["megatron-core"]
+        table = tomllib.loads((REPO / "maintain" / "lines.toml").read_text())["megatron-core"]
         bridge, lm = os.environ["MEGATRON_BRIDGE_GIT"], os.environ["MEGATRON_LM_GIT"]
         for version, core in table.items():
             tree = subprocess.run(
@@ -240,3 +241,136 @@ class TestReleaseEnvironments:
             ).stdout
             parts = dict(re.findall(r"^(MAJOR|MINOR|PATCH) = (\d+)", info, re.M))
             assert core == f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}", version
+
+
+def _wheel(path, name: str, version: str) -> None:
+    """A minimal valid wheel at `path`, as pip reads one (METADATA, WHEEL, RECORD)."""
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        wheel.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: cp311-cp311-manylinux_2_28_x86_64\n",
+        )
+        wheel.writestr(f"{info}/RECORD", "")
+
+
+class TestEnvironmentSetUp:
+    """How ./run makes the environments: uv syncs each from pyproject.toml and uv.lock; the two files uv.lock names
+    in .work/dists come from the machine's own package sources (torch) and PyPI (megatron-core's sdist)."""
+
+    def test_run_is_the_dispatch(self):
+        from maintain.repo import REPO
+
+        assert len((REPO / "run").read_text().splitlines()) <= 100
+
+    def test_the_set_up_needs_only_the_standard_library(self):
+        """./run imports maintain.envs with the bare Python 3.11 it found, before any environment exists."""
+        from maintain.repo import REPO
+
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        done = subprocess.run(
+            [sys._base_executable, "-S", "-c", "import maintain.envs"], cwd=REPO, env=env, capture_output=True
+        )
+        assert done.returncode == 0, done.stderr.decode()
+
+    @pytest.fixture
+    def torch_at(self, tmp_path, monkeypatch):
+        """pyproject.toml's torch source moved into tmp_path, and pip told to read no configuration but a find-links
+        folder of tmp_path (PIP_NO_INDEX: nothing from the network)."""
+        import maintain.envs
+
+        project = maintain.envs.project()
+        wheel = tmp_path / "dists" / project["tool"]["uv"]["sources"]["torch"]["path"].rpartition("/")[2]
+        project["tool"]["uv"]["sources"]["torch"]["path"] = str(wheel)
+        monkeypatch.setattr(maintain.envs, "project", lambda: project)
+        (tmp_path / "links").mkdir()
+        for name, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(tmp_path / "links")}.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv("PIP_NO_INDEX", "1")
+        return wheel
+
+    def test_torch_comes_from_the_machines_own_package_sources(self, torch_at, tmp_path):
+        from maintain.envs import stage_torch
+
+        _, version = torch_at.name.split("-")[:2]
+        _wheel(tmp_path / "links" / torch_at.name, "torch", version)
+        stage_torch()
+        assert torch_at.read_bytes() == (tmp_path / "links" / torch_at.name).read_bytes()
+
+    def test_no_torch_anywhere_is_one_line(self, torch_at, capsys):
+        """Not among the machine's sources nor (PIP_NO_INDEX) on PyTorch's index: one line, nothing staged."""
+        from maintain.envs import TORCH_INDEX, stage_torch
+        from mtp_mask_fix.errors import ToolError
+
+        with pytest.raises(ToolError, match=r"^torch==2\.13\.0\+cpu: not downloadable") as refused:
+            stage_torch()
+        assert refused.value.code == 2 and "\n" not in str(refused.value)
+        assert f"downloading it from {TORCH_INDEX}" in capsys.readouterr().err
+        assert not torch_at.parent.exists() or not list(torch_at.parent.iterdir())
+
+    @pytest.mark.parametrize("served", ["the sdist", "another file"])
+    def test_the_core_sdist_is_checked_against_the_index(self, tmp_path, monkeypatch, served):
+        import hashlib
+        import io
+        import json
+
+        import maintain.envs
+        from mtp_mask_fix.errors import ToolError
+
+        sdist, data = "megatron_core-0.99.0.tar.gz", b"the sdist"
+        page = {
+            "files": [
+                {"filename": sdist, "url": "https://files/x", "hashes": {"sha256": hashlib.sha256(data).hexdigest()}}
+            ]
+        }
+
+        def urlopen(request, timeout):
+            url = getattr(request, "full_url", request)
+            return io.BytesIO(json.dumps(page).encode() if url == maintain.envs.CORE_INDEX else served.encode())
+
+        monkeypatch.setattr(maintain.envs, "DISTS", tmp_path / "dists")
+        monkeypatch.setattr(maintain.envs.urllib.request, "urlopen", urlopen)
+        if served == "the sdist":
+            maintain.envs.stage_core("0.99.0")
+            assert (tmp_path / "dists" / sdist).read_bytes() == data
+        else:
+            with pytest.raises(ToolError, match=f"^{sdist}: the download does not match the sha256"):
+                maintain.envs.stage_core("0.99.0")
+            assert not (tmp_path / "dists").exists() or not list((tmp_path / "dists").iterdir())
+
+    def test_a_lines_project_is_this_one_with_its_pins(self, upstream_tree):
+        """The generated pyproject.toml of a line: the dev group with the line's three pins in place of the same
+        names, the same [tool.uv] with absolute paths; a checkout's core from its tree, of the version it names."""
+        import tomllib
+
+        from maintain.envs import Spec, _line_project, project
+        from maintain.repo import REPO
+
+        root = project()
+        pins = ["megatron-core==0.18.2", "transformers<5.9.0,>=5.8.1", "datasets>=2"]
+        for tree in (None, upstream_tree):
+            made = tomllib.loads(_line_project(Spec("key", pins, tree)))
+            kept = [
+                r
+                for r in root["dependency-groups"]["dev"]
+                if not r.startswith(("megatron-core", "transformers", "datasets"))
+            ]
+            assert made["dependency-groups"]["dev"] == kept + pins
+            uv = made["tool"]["uv"]
+            assert uv["package"] is False and not {"config-settings-package", "cache-keys"} & set(uv)
+            assert uv["index"] == [{"name": "dists", "url": str(REPO / ".work" / "dists"), "format": "flat"}]
+            assert uv["sources"]["torch"]["path"] == str(REPO / root["tool"]["uv"]["sources"]["torch"]["path"])
+            (core,) = uv["dependency-metadata"]
+            if tree is None:
+                assert "megatron-core" not in uv["sources"] and "version" not in core
+            else:
+                assert uv["sources"]["megatron-core"] == {"path": str(tree)} and core["version"] == "0.18.2"
+
+    @pytest.fixture
+    def upstream_tree(self, tmp_path):
+        tree = tmp_path / "megatron-lm-0123456789ab"
+        tree.mkdir()
+        return tree
