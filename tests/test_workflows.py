@@ -47,7 +47,7 @@ def test_zizmor_finds_nothing():
     assert zizmor(REPO / ".github", REPO / "action.yml") == []
 
 
-def test_the_readmes_workflow_block_matches_the_schema(tmp_path):
+def test_the_readmes_workflow_block_passes_both_checks(tmp_path):
     """The job README.md offers to paste into another repo is a workflow too."""
     (block,) = [
         b for b in re.findall(r"^```yaml\n(.*?)^```$", (REPO / "README.md").read_text(), re.M | re.S) if "jobs:" in b
@@ -55,6 +55,7 @@ def test_the_readmes_workflow_block_matches_the_schema(tmp_path):
     (tmp_path / "readme.yml").write_text(block)
     done = schema("github-workflows", tmp_path / "readme.yml")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert zizmor(tmp_path / "readme.yml") == []
 
 
 @pytest.mark.parametrize(
