@@ -34,6 +34,7 @@ FALCON_H1 = "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_mod
 MODELS = "src/megatron/bridge/models/__init__.py"
 RECIPES = "src/megatron/bridge/recipes"
 MTP = "megatron/core/transformer/multi_token_prediction.py"
+PRETRAIN = "pretrain_gpt.py"  # Megatron-LM's own GPT training step
 CO_AUTHOR = re.compile(r"[^<>@\n]*\S <[^<>\s@]+@[^<>\s@]+\.[^<>\s@]+>")
 GATE = (
     f"./run gate --checkout <a Megatron-Bridge clone holding {{}}, its {SUBMODULE} checked out> --checkouts-only "
@@ -104,7 +105,7 @@ def anchors(tree: Path, checkout: Path, commit: str) -> dict:
     not as the review says: where _forward_step_common computes use_mtp, FalconH1Model.forward's signature, its
     provider in `__all__`, each other step's `"loss_mask": loss_mask` entry; then `megatron_lm`, the commit pinned for
     SUBMODULE, and in its process_mtp_loss (read from the submodule's repository in `checkout`) the all-ones fallback
-    and the per-depth roll of labels and mask."""
+    and the per-depth roll of labels and mask, and pretrain_gpt.py's model call that passes `loss_mask` as it is."""
 
     def read(path: str | Path) -> str:
         return (tree / path).read_text() if (tree / path).is_file() else ""
@@ -116,9 +117,22 @@ def anchors(tree: Path, checkout: Path, commit: str) -> dict:
     export = [e for n in _assigns(_nodes(read(MODELS)), "__all__") for e in getattr(n.value, "elts", [])]
     steps = {p.stem: mask_entry(p.read_text()) for p in sorted((tree / STEPS).glob("*_step.py"))}
     pin = _git(checkout, "rev-parse", "--verify", "--quiet", f"{commit}:{SUBMODULE}")
-    core = (
-        _git(checkout / SUBMODULE, "show", f"{pin}:{MTP}") if pin and (checkout / SUBMODULE / ".git").exists() else ""
-    )
+
+    def at_pin(path: str) -> str:
+        return (
+            _git(checkout / SUBMODULE, "show", f"{pin}:{path}")
+            if pin and (checkout / SUBMODULE / ".git").exists()
+            else ""
+        )
+
+    core = at_pin(MTP)
+    model_calls = [
+        n
+        for n in _nodes(at_pin(PRETRAIN))
+        if isinstance(n, ast.Call)
+        and ast.unparse(n.func) == "model"
+        and any(kw.arg == "loss_mask" and ast.unparse(kw.value) == "loss_mask" for kw in n.keywords)
+    ]
     nodes = _nodes(core, "process_mtp_loss")
     loops = [n.body for n in nodes if isinstance(n, ast.For)]
     rolls = [a for body in loops for x in ("mtp_labels", "loss_mask") for a in _assigns(body, x, f"roll_tensor({x}")]
@@ -132,6 +146,7 @@ def anchors(tree: Path, checkout: Path, commit: str) -> dict:
         "megatron_lm": pin or None,
         "mtp_fallback": _lines(fallback) if len(fallback) == 1 else None,
         "mtp_roll": _lines(sorted(rolls, key=lambda a: a.lineno)) if len(rolls) == 2 else None,
+        "mlm_pretrain": _lines(model_calls) if len(model_calls) == 1 else None,
     }
 
 
@@ -164,7 +179,7 @@ def _measured(patch: Patch) -> list[dict]:
     return rows
 
 
-LINKED = ("use_mtp", "falcon_h1_forward", "falcon_h1_export", "mtp_fallback", "mtp_roll")
+LINKED = ("use_mtp", "falcon_h1_forward", "falcon_h1_export", "mtp_fallback", "mtp_roll", "mlm_pretrain")
 
 
 def _links(row: dict) -> dict[str, str]:
@@ -178,6 +193,7 @@ def _links(row: dict) -> dict[str, str]:
     paths = {"use_mtp": FIXED_FILE, "falcon_h1_forward": FALCON_H1, "falcon_h1_export": MODELS}
     links = {key: at(UPSTREAM, commit, path, found[key]) for key, path in paths.items()}
     links |= {key: at(MEGATRON_LM, row["megatron_lm"], MTP, found[key]) for key in ("mtp_fallback", "mtp_roll")}
+    links["mlm_pretrain"] = at(MEGATRON_LM, row["megatron_lm"], PRETRAIN, found["mlm_pretrain"])
     links["recipes"] = f"{UPSTREAM}/tree/{commit}/{RECIPES}"
     links["steps"] = ", ".join(
         f"[`{step}`]({at(UPSTREAM, commit, f'{STEPS}/{step}.py', lines)})" for step, lines in found["steps"].items()
@@ -215,7 +231,7 @@ def render(patch: Patch, co_author: str | None) -> str:
     """Both texts, each between rules; the refusals come first and change nothing."""
     if len(patch.test_files()) != 1:
         raise ToolError(f"{patch.path.name}: pr needs the carried patch, which changes one upstream test file")
-    rows = _measured(patch)
+    rows = sorted(_measured(patch), key=lambda r: (r["commit"] != patch.base_commit, bool(r.get("tag"))))  # main first
     if not co_author or not CO_AUTHOR.fullmatch(co_author.strip()):
         raise ToolError(
             '--co-author "Name <email>" is required: the identity on #6105\'s commits (see its pull/6105.patch); '

@@ -34,6 +34,7 @@ ANCHORS = {
     "megatron_lm": LM,
     "mtp_fallback": [71, 71],
     "mtp_roll": [81, 86],
+    "mlm_pretrain": [91, 97],
 }
 MEASURED = {"commit": COMMIT, "megatron_core": "9.8.7", "megatron_lm": LM, "red": "3/3", "green": "77/78"}
 MEASURED |= {"anchors": ANCHORS}
@@ -46,6 +47,7 @@ LINKS = {  # what each anchor must turn into
     "`llava_step`": f"{BLOB}/src/megatron/bridge/training/llava_step.py#L61",
     "falls back to an all-ones mask": f"https://github.com/NVIDIA/Megatron-LM/blob/{LM}/{pr.MTP}#L71",
     "rolls the labels and the mask together": f"https://github.com/NVIDIA/Megatron-LM/blob/{LM}/{pr.MTP}#L81-L86",
+    "passes `loss_mask` unconditionally": f"https://github.com/NVIDIA/Megatron-LM/blob/{LM}/{pr.PRETRAIN}#L91-L97",
     "ships no FalconH1 recipe": f"https://github.com/NVIDIA-NeMo/Megatron-Bridge/tree/{COMMIT}/src/megatron/bridge/recipes",
 }
 FORK_WORDS = ("./run", "mtp-mask-fix", "mtp_mask_fix", "the line we carry", "fork", "repro", "toy", "tiny model")
@@ -123,7 +125,9 @@ class TestRefusals:
     def test_the_credit_is_required_as_name_and_email(self, run_pr, measured, refused, given):
         refused(run_pr(*(["--co-author", given] if given is not None else [])), 2, '--co-author "Name <email>"')
 
-    @pytest.mark.parametrize("missing", ["use_mtp", "falcon_h1_forward", "falcon_h1_export", "mtp_roll", "steps"])
+    @pytest.mark.parametrize(
+        "missing", ["use_mtp", "falcon_h1_forward", "falcon_h1_export", "mtp_roll", "mlm_pretrain", "steps"]
+    )
     def test_a_link_whose_lines_were_not_found_names_the_gate_to_run(
         self, run_pr, measured, own_patch, refused, missing
     ):
@@ -266,6 +270,13 @@ MTP = """def process_mtp_loss(labels, loss_mask, config):
             loss_mask, shifts=-1
         )
 """
+PRETRAIN = """def forward_step(data_iterator, model):
+    tokens, labels, loss_mask, attention_mask, position_ids = get_batch(data_iterator)
+    output_tensor = model(
+        tokens, position_ids, attention_mask, labels=labels, loss_mask=loss_mask
+    )
+    return output_tensor, partial(loss_func, loss_mask)
+"""
 
 
 def _line(text: str, needle: str) -> int:
@@ -276,6 +287,7 @@ def test_anchors_are_the_lines_of_the_gated_commit_and_its_pinned_megatron_lm(tm
     lm = tmp_path / "upstream" / pr.SUBMODULE
     (lm / pr.MTP).parent.mkdir(parents=True)
     (lm / pr.MTP).write_text(MTP)
+    (lm / pr.PRETRAIN).write_text(PRETRAIN)
     git(lm, "init", "--quiet")
     git(lm, "add", "-A")
     git(lm, "commit", "--quiet", "-m", "core")
@@ -301,6 +313,7 @@ def test_anchors_are_the_lines_of_the_gated_commit_and_its_pinned_megatron_lm(tm
         "megatron_lm": pin,
         "mtp_fallback": [3, 4],
         "mtp_roll": [6, 9],
+        "mlm_pretrain": [3, 5],
     }
 
 
