@@ -348,6 +348,11 @@ def _line_project(line: Spec) -> str:
     own = ("config-settings-package", "cache-keys")  # of the tool's editable install, which a line has not
     settings = {key: value for key, value in root["tool"]["uv"].items() if key not in own}
     settings["package"] = False
+    transformers = next(req for req in line.requirements if _project_name(req) == "transformers")
+    # A transformers 4 line: transformers 4 needs huggingface-hub < 1.0. Unsaid, uv keeps the dev lock's newer hub and
+    # datasets and goes back to a transformers 4.1x that does not bound the hub (and builds tokenizers from source).
+    if _allows(transformers, "4.99") and not _allows(transformers, "5.0.0"):
+        settings["constraint-dependencies"] = [*settings.get("constraint-dependencies", []), "huggingface-hub<1.0"]
     settings["index"] = [index | {"url": str(REPO / index["url"])} for index in settings["index"]]
     settings["sources"] = {name: {"path": str(REPO / where["path"])} for name, where in settings["sources"].items()}
     if line.tree is not None:  # built from that tree, whose version uv must be told (it reads no metadata there)

@@ -16,7 +16,10 @@ class Exit(IntEnum):
     USAGE = 2, "bad input or environment, refused before any work (not Megatron-Bridge, read-only, local edits, ...)"
     ALREADY_APPLIED = 3, "`check`, `status`, `gate`: already fixed, by this patch or another way: nothing to apply"
     DRIFTED = 4, "the patch no longer applies: upstream's text changed"
-    FAILED = 5, "a check failed or tested nothing: a behaviour probe, red/green, a gate row, a missing figure"
+    FAILED = (
+        5,
+        "a check failed or tested nothing (a behaviour probe, red/green, a gate row, a figure), or a killed run left files",
+    )
     BUSY = 6, "another mtp-mask-fix process held the target for longer than the wait: nothing changed"
     UNMASKED = 7, "`watch`: an MTP loss trained without the batch's loss_mask (else CMD's code; 5 if no MTP loss ran)"
     INTERRUPTED = 128, "128 + n: signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); its line says what it left"

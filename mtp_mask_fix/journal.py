@@ -115,11 +115,15 @@ def _leftovers(root: Path, files: list[str]) -> list[Path]:
     return [temp(root / rel) for rel in [JOURNAL, *files] if temp(root / rel).exists()]
 
 
-def left(root: Path, files: list[str]) -> str | None:
-    """What a killed write left, said of each file now, and the next step; None when it left nothing."""
+def left(root: Path, files: list[str], *, next_step: bool = True) -> str | None:
+    """What a killed write left, said of each file now, and (with `next_step`) what to do; None when it left nothing."""
     journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
+
+    def then(step: str) -> str:
+        return f"; the next `apply` or `revert` {step}" if next_step else ""
+
     if journal is None:
-        return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
+        return f"the temporary file {', '.join(stray)}{then('removes it')}" if stray else None
     said = []
     for rel, (before, after) in journal[1].items():
         now = _now(root, rel)
@@ -129,14 +133,14 @@ def left(root: Path, files: list[str]) -> str | None:
         )
     if any(state.endswith("changed since") for state in said):
         return f"{JOURNAL} ({', '.join(said)}): if the files are as you want them, remove {root / JOURNAL}"
-    return f"{JOURNAL} ({', '.join(said) or UNREADABLE}); the next `apply` or `revert` puts it back first"
+    return f"{JOURNAL} ({', '.join(said) or UNREADABLE}){then('puts it back first')}"
 
 
 def recover(root: Path, label: str, release: str, files: list[str]) -> str:
     """Put back what a killed write left (the journal's files, its temporary files), or refuse, changing nothing, where
     the tree changed since: a file neither as before nor as replaced, or another release in its place. Returns what it
     said of them ("" if nothing was left). Call it holding the writer's lock, with signals held."""
-    said, (made_for, entries) = left(root, files), read(root) or (release, {})
+    said, (made_for, entries) = left(root, files, next_step=False), read(root) or (release, {})
     for rel, (before, after) in entries.items():
         if (now := _now(root, rel)) != before and (digest(now) != after or release != made_for):
             why = f"it was made for megatron-bridge {made_for}, which now holds {release}"

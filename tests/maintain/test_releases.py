@@ -369,6 +369,18 @@ class TestEnvironmentSetUp:
             else:
                 assert uv["sources"]["megatron-core"] == {"path": str(tree)} and core["version"] == "0.18.2"
 
+    def test_a_transformers_4_line_keeps_huggingface_hub_below_1(self):
+        """transformers 4 needs huggingface-hub < 1.0: unbounded, uv keeps the dev lock's newer hub and datasets and
+        resolves a transformers 4.1x, whose tokenizers builds only from source."""
+        import tomllib
+
+        from maintain.envs import Spec, _line_project
+
+        lines = {"transformers<5.0.0": ["huggingface-hub<1.0"], "transformers<=5.3.0,>=5.0.0": []}
+        for transformers, wanted in (lines | {"transformers<5.9.0,>=5.8.1": [], "transformers<=5.3.0": []}).items():
+            made = tomllib.loads(_line_project(Spec("key", ["megatron-core==0.16.0", transformers, "datasets>=2"])))
+            assert made["tool"]["uv"].get("constraint-dependencies", []) == wanted
+
     @pytest.fixture
     def upstream_tree(self, tmp_path):
         tree = tmp_path / "megatron-lm-0123456789ab"

@@ -260,6 +260,7 @@ class TestJournal:
         result = cli("revert", root)
         assert (result.returncode, result.stderr) == (0, "")
         assert result.stdout.startswith(f"{root}: put back what an interrupted run left")
+        assert "the next `apply` or `revert`" not in result.stdout  # done already, not a step still to take
         assert result.stdout.endswith("the patch is not applied: the files are as before it\n")
         assert (root / "megatron/bridge/training/gpt_step.py").read_bytes() == (
             release_root(PINNED_RELEASE) / "megatron/bridge/training/gpt_step.py"
