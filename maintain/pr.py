@@ -231,7 +231,8 @@ def render(patch: Patch, co_author: str | None) -> str:
     """Both texts, each between rules; the refusals come first and change nothing."""
     if len(patch.test_files()) != 1:
         raise ToolError(f"{patch.path.name}: pr needs the carried patch, which changes one upstream test file")
-    rows = sorted(_measured(patch), key=lambda r: (r["commit"] != patch.base_commit, bool(r.get("tag"))))  # main first
+    # the base-commit's row first, then untagged commits, then tags
+    rows = sorted(_measured(patch), key=lambda r: (r["commit"] != patch.base_commit, bool(r.get("tag"))))
     if not co_author or not CO_AUTHOR.fullmatch(co_author.strip()):
         raise ToolError(
             '--co-author "Name <email>" is required: the identity on #6105\'s commits (see its pull/6105.patch); '
