@@ -193,7 +193,10 @@ def _allows(requirement: str, version: str) -> bool:
 
 
 def _project_name(requirement: str) -> str:
-    return re.sub(r"[-_.]+", "-", re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement).group(1)).lower()
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    return canonicalize_name(Requirement(requirement).name)
 
 
 def locked(package: str) -> str:
