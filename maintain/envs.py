@@ -37,12 +37,11 @@ from email.parser import Parser
 from pathlib import Path
 from typing import NamedTuple
 
-from maintain.repo import REPO, WORK, pins, release
+from maintain.repo import REPO, WORK, pins, release, release_lines
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import git
 
 
-LINES = Path(__file__).with_name("lines.toml")  # the megatron-core of each release line
 DISTS = WORK / "dists"  # pyproject.toml's flat index: the files uv.lock names that no index serves as they are
 TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # where the CPU torch comes from when the machine has none
 CORE_INDEX = "https://pypi.org/simple/megatron-core/"
@@ -89,10 +88,9 @@ def declared(requirements: list[str], name: str) -> str | None:
 
 def core(version: str) -> str:
     """megatron-core for a release: lines.toml's row, the pin for the pinned release, else the newest allowed."""
-    table = tomllib.loads(LINES.read_text())["megatron-core"]
     name = release(version).root.name
-    if name in table:
-        return f"=={table[name]}"
+    if core := release_lines().get(name, {}).get("megatron-core"):
+        return f"=={core}"
     if name == pins()["megatron-bridge"]:
         return f"=={pins()['megatron-core']}"
     return f"=={newest('megatron-core', requirement(name, 'megatron-core'))}"
@@ -305,7 +303,7 @@ def checkout_environment() -> Path:
     downloads nothing."""
     stage_torch()
     stage_core(pins()["megatron-core"])
-    versions = dict.fromkeys([pins()["megatron-bridge"], *tomllib.loads(LINES.read_text())["megatron-core"]])
+    versions = dict.fromkeys([pins()["megatron-bridge"], *release_lines()])
     missing = [version for version in versions if not (WORK / "pypi" / version).is_dir()]
     fetch = "import sys\nfrom maintain.repo import release\nfor version in sys.argv[1:]: release(version)"
     fetching = missing and subprocess.Popen(
@@ -322,9 +320,9 @@ def checkout_environment() -> Path:
 
 
 def line_environment(line: Spec) -> Path:
-    """A release line's or checkout's environment, in .work/envs/<key> (or $MTP_ENVS/<key>): a project there made
-    from pyproject.toml with the line's requirements, whose first lock is uv.lock, then one `uv sync`."""
-    folder = Path(os.environ.get("MTP_ENVS") or WORK / "envs") / line.key
+    """A release line's or checkout's environment, in .work/envs/<key>: a project there made from pyproject.toml with
+    the line's requirements, whose first lock is uv.lock, then one `uv sync`."""
+    folder = WORK / "envs" / line.key
     folder.mkdir(parents=True, exist_ok=True)
     stage_torch()
     if line.tree is None:

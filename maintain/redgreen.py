@@ -113,10 +113,23 @@ def read_run(out: Path, under: str = "") -> Run:
     )
 
 
+CONFIG = []  # the session's pytest config, once it is configured
+
+
+def pytest_addoption(parser):
+    """Plugin: the file a session records its outcomes in."""
+    parser.addoption("--outcomes", metavar="FILE", help="record each test's outcome in FILE (JSON lines)")
+
+
+def pytest_configure(config):
+    """Plugin: the session's config, for `--outcomes`."""
+    CONFIG[:] = [config]
+
+
 def _record(nodeid: str, outcome: Outcome, **more) -> None:
     gpt_step = getattr(sys.modules.get(GPT_STEP_MODULE), "__file__", None)
     entry = {"nodeid": nodeid, "outcome": outcome.value, "gpt_step": gpt_step, "fail_to_pass": False} | more
-    with open(os.environ["MTP_FIX_OUTCOMES"], "a") as handle:
+    with open(CONFIG[0].getoption("outcomes"), "a") as handle:
         handle.write(json.dumps(entry) + "\n")
 
 
@@ -186,9 +199,8 @@ def _adopt_bridge(tree: str, warmed: str) -> None:
 def _session(out: str, tree: str, args: list[str], cwd: str, warmed: str) -> None:
     _adopt_bridge(tree, warmed)
     os.chdir(cwd)
-    os.environ["MTP_FIX_OUTCOMES"] = out
     Path(out).touch()  # a session that records nothing still leaves its file
-    pytest.main([*PYTEST, "-o", f"pythonpath={tree}", *args])
+    pytest.main([*PYTEST, "-o", f"pythonpath={tree}", f"--outcomes={out}", *args])
 
 
 if __name__ == "__main__":  # the runner: each [out, tree, args, cwd] on stdin is one session, in a fork of its own

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from maintain.repo import checkout, release
+from maintain.repo import checkout, release, release_lines
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
@@ -19,8 +19,16 @@ from mtp_mask_fix.paths import FIXED_FILE, PATCHES
 from mtp_mask_fix.targets import Target
 
 
-LINES = {"0.2-0.5": "0.5.1"}  # each backport's folder under patches/, and the line's newest release it fits
 IDENTITY = (("NAME", "Author"), ("EMAIL", "Email"), ("DATE", "Date"))  # git's variables, git mailinfo's headers
+
+
+def backport_lines() -> dict[str, str]:
+    """Each backport's folder under patches/ and the newest release it fixes, which it is derived on."""
+    newest = {}
+    for version, row in release_lines().items():  # oldest first
+        if "backport" in row:
+            newest[row["backport"]] = version
+    return newest
 
 
 def _author(patch: Patch) -> dict[str, str]:
@@ -83,7 +91,7 @@ def derive_for(line: str, main: Patch) -> str:
     diff = main.part(src=True)
     with tempfile.TemporaryDirectory() as repo:
         (Path(repo) / FIXED_FILE).parent.mkdir(parents=True)
-        (Path(repo) / FIXED_FILE).write_text(release(LINES[line]).fixed_file.read_text())
+        (Path(repo) / FIXED_FILE).write_text(release(backport_lines()[line]).fixed_file.read_text())
         if not apply_diff(diff, Path(repo), check=True):
             raise ToolError("the carried patch applies to this base as it is: no backport needed", Exit.FAILED)
         git("init", "--quiet", cwd=repo)
@@ -99,7 +107,7 @@ def derive_for(line: str, main: Patch) -> str:
 def backports() -> str:
     """Rewrite every backport, saying which changed."""
     main, said = Patch.load(), []
-    for line in LINES:
+    for line in backport_lines():
         text, dest = derive_for(line, main), path(line, main)
         same = dest.is_file() and dest.read_text() == text
         said.append(f"{dest.relative_to(PATCHES.parent)}: {'unchanged' if same else 'rewritten'}")

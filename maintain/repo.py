@@ -18,6 +18,21 @@ from mtp_mask_fix.targets import Kind, Target, resolve
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".work"  # downloads, environments and outputs (git-ignored)
 VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
+LINES = Path(__file__).with_name("lines.toml")
+
+
+def release_lines() -> dict[str, dict]:
+    """Every release with MTP, oldest first, and its row of lines.toml (its megatron-core and backport)."""
+    return tomllib.loads(LINES.read_text())["releases"]
+
+
+def patch_file(version: str) -> str:
+    """The patch that fixes a release, as `check` names it (patches/...)."""
+    from mtp_mask_fix.patch import series  # not at the top: ./run imports this module before .venv exists
+
+    carried = Path("patches") / series()[0].name
+    backport = release_lines()[version].get("backport")
+    return str(carried.parent / backport / carried.name if backport else carried)
 
 
 def pins() -> dict[str, str]:

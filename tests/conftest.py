@@ -1,12 +1,17 @@
-"""Every session records each test's outcome (maintain.redgreen), so that the red/green check can hold the
-outcomes this session measured on the view against a session on the release as shipped, without running the view
-twice. The red/green and wrong-fix checks run last, after the tests whose outcomes they read; the sessions they need
-of other trees (red/green's base, the wrong-fix variants) depend on nothing this session does, so they start as soon
-as the suite is collected, on the core the rest of the suite leaves idle (`start_early` in their module)."""
+"""The suite's tiers, its options, and the order and background sessions it runs with.
+
+`./run test` is the push tier; `./run test --all` adds the tests marked `slow`. Every session records each test's
+outcome (maintain.redgreen), so that red/green holds what this session measured on the view against a session on the
+release as shipped. The sessions red/green and the wrong fixes need of other trees depend on nothing this session
+does, so they start once the suite is collected, on the core the tool's tests leave idle.
+"""
 
 import compileall
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
 
 from maintain.repo import VIEW, WORK, pins, release
 
@@ -16,28 +21,48 @@ FIRST = "tests/tool/"
 LAST = ("tests/test_red_green.py", "tests/test_wrong_fixes.py")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--all", action="store_true", help="every tier: the push tier and the tests marked slow")
+    parser.addoption(
+        "--upstream-checkout", metavar="DIR", help="a Megatron-Bridge clone holding the patch's base-commit"
+    )
+    parser.addoption("--upstream-python", metavar="PY", help="an interpreter with that commit's megatron-core")
+    parser.addoption("--upstream-rev", metavar="REV", help="the upstream commit to test (default: the base-commit)")
+
+
 def pytest_configure(config):
-    if "MTP_FIX_OUTCOMES" not in os.environ:  # a session of its own (a forked red/green session has its file already)
+    if not config.getoption("outcomes"):  # a session of its own (a red/green session is given its file)
         path = WORK / "sessions" / f"{os.getpid()}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
-        os.environ["MTP_FIX_OUTCOMES"] = str(path)
+        config.option.outcomes = str(path)
         _compile_the_trees()
 
 
+@pytest.fixture(scope="session")
+def upstream_checkout(pytestconfig) -> Path:
+    """--upstream-checkout: a Megatron-Bridge clone (its 3rdparty/Megatron-LM submodule too); without it, a skip."""
+    if not (where := pytestconfig.getoption("upstream_checkout")):
+        pytest.skip("needs --upstream-checkout DIR: a Megatron-Bridge clone holding the patch's base-commit")
+    return Path(where).resolve()
+
+
 def _compile_the_trees() -> None:
-    """Bytecode for the pinned release and the view, written once (a second run only compares timestamps): the
-    session, the red/green and wrong-fix sessions and verify's probes all import them, and with
-    PYTHONDONTWRITEBYTECODE set (as on this machine) each import would otherwise compile Megatron-Bridge again."""
+    """Write bytecode for the pinned release and the view once, for every session and probe that imports them."""
+    # With PYTHONDONTWRITEBYTECODE set (as on this machine) each import would otherwise compile Megatron-Bridge again.
     for tree in (release(pins()["megatron-bridge"]).root, VIEW):
         if tree.is_dir():
             compileall.compile_dir(tree, quiet=2, workers=1)
 
 
-def pytest_collection_modifyitems(items):
-    """The tool's tests first: one CLI process at a time, they leave a core to the background sessions (and the
-    functional tests, which keep both busy, run once those are done); the checks that read outcomes last. Stable:
-    the order within each group is kept."""
+def pytest_collection_modifyitems(config, items):
+    """Leave out the slow tier unless --all; run the tool's tests first and the outcome checks last."""
+    if not config.getoption("--all"):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    # The tool's tests run one CLI process at a time and leave a core to the background sessions.
     items.sort(key=lambda item: (not item.nodeid.startswith(FIRST), item.nodeid.startswith(LAST)))
 
 
@@ -46,9 +71,9 @@ def pytest_collection_finish(session):
     early = [module.start_early for module in modules if hasattr(module, "start_early")]
     if early:
         pool = ThreadPoolExecutor(len(early))  # each thread only waits on its sessions' process
-        for start in early:  # red/green's base session first: the longest of the batch
+        for start in early:
             try:
-                start(pool)
+                start(session)
             except Exception:  # e.g. drift, no network: the module's fixture meets it again, as its tests' error
                 continue
         from tests.support import sessions  # here: importing redgreen before pytest_plugins would warn

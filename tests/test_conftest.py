@@ -18,9 +18,9 @@ def test_a_failing_start_leaves_the_session_and_the_other_starts(monkeypatch):
     monkeypatch.setattr(sessions, "BATCH", sessions.Batch())
     started = []
 
-    def drifted(pool):
+    def drifted(session):
         raise RuntimeError("the patch does not apply")
 
-    items = [_item("tests.test_a", drifted), _item("tests.test_b", lambda pool: started.append("b"))]
-    conftest.pytest_collection_finish(SimpleNamespace(items=items))
+    items = [_item("tests.test_a", drifted), _item("tests.test_b", lambda session: started.append("b"))]
+    conftest.pytest_collection_finish(SimpleNamespace(items=items, config=None))
     assert started == ["b"]

@@ -7,7 +7,6 @@ release first on the import path, forked from one warm process.
 """
 
 import json
-import os
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -23,16 +22,21 @@ from tests.support import sessions
 SUITES = {"unit": "tests/unit_tests", "functional": "tests/functional"}
 
 
-def _this_session(suite_dir: str) -> Run:
+def _this_session(config, suite_dir: str) -> Run:
     """What this session recorded for the tests under suite_dir (an empty Run if it ran none)."""
-    return read_run(Path(os.environ["MTP_FIX_OUTCOMES"]), suite_dir + "/")
+    return read_run(Path(config.getoption("outcomes")), suite_dir + "/")
 
 
 EARLY = {}
 
 
-def _base_job() -> Job:
-    return Job(tuple(SUITES.values()), release(pins()["megatron-bridge"]).root)
+def _tier(config) -> tuple[str, ...]:
+    """The tier this session runs, as a red/green session's arguments."""
+    return ("--all",) if config.getoption("--all") else ()
+
+
+def _base_job(config) -> Job:
+    return Job((*SUITES.values(), *_tier(config)), release(pins()["megatron-bridge"]).root)
 
 
 BRIDGE_SESSION = "tests/support/bridge_session.py"
@@ -47,11 +51,11 @@ def _bridge_jobs() -> list[Job]:
     return [Job((BRIDGE_SESSION,), tree) for tree in trees]
 
 
-def start_early(pool) -> None:
+def start_early(session) -> None:
     """The base's session, then the runner's two, queued by tests/conftest.py once the suite is collected
     (tests/support/sessions.py: one warm runner for them and the wrong-fix variants; the first job's tree is the one
     whose megatron.bridge the runner imports before it forks)."""
-    EARLY["base"] = sessions.BATCH.add([_base_job()])
+    EARLY["base"] = sessions.BATCH.add([_base_job(session.config)])
     EARLY["bridge"] = sessions.BATCH.add(_bridge_jobs())
 
 
@@ -61,12 +65,12 @@ def base_tree() -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(base_tree):
+def runs(base_tree, pytestconfig):
     """Per suite: the base's run, and the view's (this session's, or run here if this session did not run it)."""
-    patched = {suite: _this_session(path) for suite, path in SUITES.items()}
+    patched = {suite: _this_session(pytestconfig, path) for suite, path in SUITES.items()}
     missing = [suite for suite, run in patched.items() if not run.outcomes]
-    views = run_many([Job((SUITES[suite],), VIEW) for suite in missing]) if missing else []
-    base = (EARLY["base"]() if "base" in EARLY else run_many([_base_job()]))[0]
+    views = run_many([Job((SUITES[suite], *_tier(pytestconfig)), VIEW) for suite in missing]) if missing else []
+    base = (EARLY["base"]() if "base" in EARLY else run_many([_base_job(pytestconfig)]))[0]
     patched |= dict(zip(missing, views))
     return {suite: {"base": base, "patched": patched[suite], "ids": list(patched[suite].outcomes)} for suite in SUITES}
 

@@ -13,6 +13,9 @@ import pytest
 from maintain.repo import REPO
 
 
+pytestmark = pytest.mark.slow
+
+
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 ZIZMOR = Path(sys.executable).parent / "zizmor"
 

@@ -5,12 +5,9 @@ Two test sets are held to it, each on its own:
 - this repo's regression gate (tests/unit_tests);
 - the upstream-bound tests: what the patch adds to upstream's test_gpt_step.py. Once upstream merges and the patch
   retires, they are all that is left. In every run they run over stand-ins for that file's helpers
-  (tests/support/upstream_helpers.py), next to tests/unit_tests on copies of the view; with an upstream clone
-  (MTP_UPSTREAM_CHECKOUT=DIR) and an interpreter with the megatron-core of the commit tested
-  (MTP_UPSTREAM_PYTHON=$(./run python DIR); by default this one), as the nightly job `upstream-tests` sets them,
-  also inside upstream's real file on copies of that commit, patched: the patch's base-commit, or
-  MTP_UPSTREAM_REV (v0.6.0, say). Only MTP_UPSTREAM_CHECKOUT decides whether those tests run (without it they skip;
-  with MTP_UPSTREAM_REQUIRED=1, as the nightly job sets it, they fail).
+  (tests/support/upstream_helpers.py), next to tests/unit_tests on copies of the view; in `--all` with
+  `--upstream-checkout DIR` and `--upstream-python $(./run python DIR)` (by default this interpreter), also inside
+  upstream's real file on patched copies of the base-commit (or `--upstream-rev`, v0.6.0 say).
   The upstream-bound tests need not catch the wrong fixes in UPSTREAM_BLIND: nothing upstream gives a reason to fear
   them, so they are the fork's unit tests' alone.
 
@@ -19,7 +16,6 @@ the import path; all sessions are forked from one warm process. Each session als
 (tests/support/probe_session.py), whose verdict per variant is pinned here apart from both test sets.
 """
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -149,7 +145,7 @@ def _variant_jobs() -> list[Job]:
 EARLY = {}
 
 
-def start_early(pool) -> None:
+def start_early(session) -> None:
     """The variants' sessions, queued by tests/conftest.py once the suite is collected (tests/support/sessions.py:
     one warm runner for them and red/green's base session)."""
     EARLY["runs"] = sessions.BATCH.add(_variant_jobs())
@@ -216,21 +212,18 @@ class TestVerifyProbeVerdict:
 
 
 @pytest.fixture(scope="module")
-def upstream():
-    """(the tests the patch adds or changes in upstream's file, the runs of that file per variant) on a patched
-    copy of MTP_UPSTREAM_CHECKOUT, built as gate builds it."""
-    where = os.environ.get("MTP_UPSTREAM_CHECKOUT")
-    if not where:
-        why = "needs MTP_UPSTREAM_CHECKOUT=<a Megatron-Bridge clone holding the patch's base-commit> (nightly)"
-        # MTP_UPSTREAM_REQUIRED=1 (the nightly job): a skip there would pass having tested nothing.
-        (pytest.fail if os.environ.get("MTP_UPSTREAM_REQUIRED") == "1" else pytest.skip)(why)
-    python = os.environ.get("MTP_UPSTREAM_PYTHON", sys.executable)
+def upstream(upstream_checkout, pytestconfig):
+    """The tests the patch adds or changes in upstream's file, and the runs of that file per variant, on a patched
+    copy of --upstream-checkout at --upstream-rev (the base-commit), built as gate builds it."""
+    python = pytestconfig.getoption("upstream_python") or sys.executable
     patch = Patch.load()
-    row = checkout_row(checkout(where), patch, rev=os.environ.get("MTP_UPSTREAM_REV") or patch.base_commit or "HEAD")
+    rev = pytestconfig.getoption("upstream_rev") or patch.base_commit or "HEAD"
+    row = checkout_row(checkout(upstream_checkout), patch, rev=rev)
     patched = row.patched.cwd  # upstream + the whole patch
     return row.touched, run_variants(patched, FIXED_FILE, row.patched, WORK / "upstream-variants", python)
 
 
+@pytest.mark.slow
 class TestUpstreamBoundTestsAreAsTight:
     """The tests the patch adds to upstream's test_gpt_step.py catch every wrong fix but UPSTREAM_BLIND on their own."""
 

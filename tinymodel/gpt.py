@@ -7,7 +7,7 @@ driving ``gpt_step.forward_step``. The harness only builds inputs and records wh
 in cpu_runtime.
 
 Which Megatron-Bridge runs is whichever tree comes first on the import path (see maintain.trees); this module
-never imports ``megatron.bridge`` at import time. Multi-rank runs fork their ranks (``tinymodel.worker``).
+never imports ``megatron.bridge`` at import time. Multi-rank runs start a process a rank (``tinymodel.worker``).
 """
 
 import hashlib

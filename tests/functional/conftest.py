@@ -8,9 +8,6 @@ from tinymodel import cpu_runtime, worker
 
 
 torch.set_num_threads(1)  # on this 2-core machine two threads were several times slower than one
-# Import the tree under test once, here, before anything runs, and fork the zygote every rank of it forks from: no
-# worker imports Megatron-Bridge again (tinymodel/worker.py).
-worker.start_zygote()
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,9 @@ from mtp_mask_fix.paths import GPT_STEP, is_gpt_step_of
 from tinymodel import worker
 
 
+pytestmark = pytest.mark.slow
+
+
 BASE = release(pins()["megatron-bridge"]).root
 SEEDS = (0,)
 TOL = 1e-6  # core logs its acceptance as a float32 percent

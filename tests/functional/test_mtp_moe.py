@@ -14,6 +14,9 @@ from tinymodel.reference import REL, changed_grads, reference_mtp_loss
 from tinymodel.worker import launch
 
 
+pytestmark = pytest.mark.slow
+
+
 AUX = [pytest.param(0.0, id="aux_off"), pytest.param(moe.AUX_LOSS_COEFF, id="aux_on")]
 DISPATCHERS = ["allgather", "alltoall"]
 

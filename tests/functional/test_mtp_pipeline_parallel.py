@@ -15,6 +15,9 @@ from tinymodel.reference import (
 from tinymodel.worker import Launch, start
 
 
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def job(tree, tmp_path_factory):
     """The job (2 forked ranks, this session's tree): started, not awaited."""

@@ -7,6 +7,9 @@ from unidiff import PatchSet
 from tests.support.targets import CONTEXT, FAR_FROM_HUNK, FIXED, REGION_EDIT, SUBMITTER, changed_lines, hunk_parts
 
 
+pytestmark = pytest.mark.slow
+
+
 class TestBranch:
     @pytest.fixture
     def submitter(self, git, checkout):

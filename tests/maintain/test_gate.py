@@ -1,8 +1,13 @@
 """`./run gate`: the verdict per target, and an exit code a CI job can act on."""
 
+import pytest
+
 from maintain import gate
 from maintain.repo import checkout as checkout_target
 from tests.support.targets import FIXED
+
+
+pytestmark = pytest.mark.slow
 
 
 class TestGate:

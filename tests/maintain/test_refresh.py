@@ -14,6 +14,9 @@ from mtp_mask_fix.paths import PATCHES
 from tests.support.targets import FIXED, SUBMITTER, UPSTREAM_TEST
 
 
+pytestmark = pytest.mark.slow
+
+
 def _changed_lines(patch: Patch) -> list[tuple[str, str]]:
     return [(x.line_type, x.value) for f in patch.files for hunk in f for x in hunk if x.is_added or x.is_removed]
 

@@ -10,14 +10,13 @@ import sys
 
 import pytest
 
-from maintain.repo import release
+from maintain.repo import patch_file, release, release_lines
 from mtp_mask_fix.check import fix_present
-from tests.support.targets import BACKPORT_FILE, FIXED, PATCH_FILE, PINNED, hunk_parts, verdict
+from tests.support.targets import BACKPORT_FILE, FIXED, PINNED, hunk_parts, verdict
 
 
-# Every PyPI release since MTP arrived (0.6.1 is yanked but still downloadable), and the file that fixes it.
-RELEASES = {version: BACKPORT_FILE for version in ("0.3.0", "0.3.1", "0.4.0", "0.4.1", "0.4.2", "0.5.0", "0.5.1")}
-RELEASES |= {version: PATCH_FILE for version in ("0.6.0", "0.6.1", "0.6.2")}
+pytestmark = pytest.mark.slow
+RELEASES = {version: patch_file(version) for version in release_lines()}  # and the file that fixes each
 
 
 class TestReleaseLines:
@@ -57,7 +56,7 @@ class TestBackport:
     def test_committed_backport_equals_its_derivation(self, patch, repo_file):
         from maintain import refresh
 
-        for line in refresh.LINES:
+        for line in refresh.backport_lines():
             committed = refresh.path(line, patch).read_text()
             assert committed == refresh.derive_for(line, patch), f"run `./run refresh --backports` ({line})"
 
@@ -65,7 +64,7 @@ class TestBackport:
         from maintain import refresh
         from mtp_mask_fix.patch import Patch
 
-        for path in (refresh.path(line, patch) for line in refresh.LINES):
+        for path in (refresh.path(line, patch) for line in refresh.backport_lines()):
             assert hunk_parts(Patch.load(path), src_only=True) == hunk_parts(patch, src_only=True)
 
 
@@ -196,38 +195,9 @@ class TestReleaseEnvironments:
             f"mtp-mask-fix: error: {typo}: no such directory\n",
         )
 
-    @pytest.mark.parametrize("required", ["", "1"])
-    def test_the_nightly_upstream_tests_cannot_skip(self, required):
-        """Without MTP_UPSTREAM_CHECKOUT the tests in upstream's file skip, unless MTP_UPSTREAM_REQUIRED=1, which the
-        nightly job that runs them sets: there a skip would pass having tested nothing."""
-        from maintain.repo import REPO
-
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_UPSTREAM_")}
-        env.update(MTP_UPSTREAM_REQUIRED=required, MTP_UPSTREAM_PYTHON=sys.executable)  # the interpreter: no skip
-        # --noconftest: tests/conftest.py would start every wrong-fix session in the background (about 50 s each)
-        quiet = ["-q", "-x", "-p", "no:cacheprovider", "--noconftest"]
-        args = ["-m", "pytest", *quiet, "-k", "TestUpstreamBoundTestsAreAsTight"]
-        done = subprocess.run(
-            [sys.executable, *args, "tests/test_wrong_fixes.py"], cwd=REPO, env=env, capture_output=True, text=True
-        )
-        assert (done.returncode, "1 error" in done.stdout, "skipped" in done.stdout) == (
-            (1, True, False) if required else (0, False, True)
-        ), done.stdout
-        job = (REPO / ".github" / "workflows" / "nightly.yml").read_text()
-        assert re.search(r"MTP_UPSTREAM_REQUIRED=1 \\\n.*\n\s*\./run test tests/test_wrong_fixes\.py", job)
-
-    @pytest.mark.skipif(
-        not (os.environ.get("MEGATRON_BRIDGE_GIT") and os.environ.get("MEGATRON_LM_GIT")),
-        reason="set MEGATRON_BRIDGE_GIT and MEGATRON_LM_GIT to clones (bare is fine) to check lines.toml",
-    )
-    def test_lines_toml_is_each_tags_submodule(self):
-        import tomllib
-
-        from maintain.repo import REPO
-
-        table = tomllib.loads((REPO / "maintain" / "lines.toml").read_text())["megatron-core"]
-        bridge, lm = os.environ["MEGATRON_BRIDGE_GIT"], os.environ["MEGATRON_LM_GIT"]
-        for version, core in table.items():
+    def test_lines_toml_is_each_tags_submodule(self, upstream_checkout):
+        bridge, lm = upstream_checkout, upstream_checkout / "3rdparty" / "Megatron-LM"
+        for version, core in ((v, row["megatron-core"]) for v, row in release_lines().items() if row):
             tree = subprocess.run(
                 ["git", "-C", bridge, "ls-tree", f"v{version}", "3rdparty/Megatron-LM"], capture_output=True, text=True
             )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from unidiff import PatchSet
 
-from maintain.repo import REPO, pins
+from maintain.repo import REPO, patch_file, pins, release_lines
 from maintain.repo import release as release_target
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE as FIXED
@@ -26,8 +26,8 @@ from mtp_mask_fix.paths import UPSTREAM_TEST
 
 
 PINNED = pins()["megatron-bridge"]
-PATCH_FILE = "patches/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
-BACKPORT_FILE = "patches/0.2-0.5/0001-fix-training-pass-loss_mask-to-the-model-in-gpt_step.patch"
+PATCH_FILE = patch_file(PINNED)
+BACKPORT_FILE = patch_file(next(iter(release_lines())))  # the oldest line's
 
 
 CONTEXT = '        "attention_mask": attention_mask,\n'  # a context line of the source hunk

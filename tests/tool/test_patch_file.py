@@ -127,6 +127,17 @@ class TestGeneratedView:
     def test_the_release_itself_is_untouched(self, patch, release):
         assert apply_diff(patch.part(src=True), release.root, strip=2, reverse=True, check=True) != ""
 
+    def test_a_write_through_the_view_leaves_the_cached_release_unchanged(self, release, tmp_path, monkeypatch):
+        import maintain.view
+
+        monkeypatch.setattr(maintain.view, "VIEW", tmp_path / "src")
+        maintain.view.view(None)
+        before = {path: path.read_bytes() for path in release.root.rglob("*.py")}
+        for path in (tmp_path / "src").rglob("*.py"):
+            with open(path, "a") as handle:
+                handle.write("# edited by hand\n")
+        assert {path: path.read_bytes() for path in release.root.rglob("*.py")} == before
+
 
 class TestRuff:
     """Upstream CI runs ruff with these settings (pyproject mirrors upstream's ruff.toml); refresh runs ruff with

@@ -6,19 +6,18 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from maintain.repo import REPO, WORK
+from maintain.repo import REPO, WORK, patch_file, release_lines
 from maintain.repo import release as release_target
 from maintain.trees import materialise
 from mtp_mask_fix.paths import GPT_STEP
 from tests.support.targets import (
-    BACKPORT_FILE,
     EQUIVALENT_FIX,
     LABELS,
-    PATCH_FILE,
     PINNED,
     digests,
     fake_python,
@@ -26,17 +25,16 @@ from tests.support.targets import (
 )
 
 
-# The pinned line and one before 0.6 on every push; the nightly job names every line (MTP_RELEASE_LINES) and, with
-# MTP_UPSTREAM_CHECKOUT and MTP_UPSTREAM_PYTHON, upstream main as "main".
-LINES = os.environ.get("MTP_RELEASE_LINES", f"{PINNED} 0.5.1").split()
-LINES += ["main"] * bool(os.environ.get("MTP_UPSTREAM_CHECKOUT"))
+# The pinned line on every push; every other line in --all, and upstream main with --upstream-checkout.
+LINES = [pytest.param(v, marks=[] if v == PINNED else pytest.mark.slow) for v in release_lines()]
+LINES += [pytest.param("main", marks=pytest.mark.slow)]
 DELIVERED = "the model receives the batch's loss_mask with MTP on"
 
 
 def interpreter(version: str) -> str:
     """The interpreter of the line's own environment (`./run python VERSION`, built on first use; main's is given)."""
     if version == "main":
-        return os.environ["MTP_UPSTREAM_PYTHON"]
+        return UPSTREAM["python"]
     if version == PINNED:
         return sys.executable
     done = subprocess.run([REPO / "run", "python", version], capture_output=True, text=True)
@@ -51,7 +49,7 @@ def as_shipped(version: str) -> Path:
         root = WORK / "verify-lines" / "main"
         root.mkdir(parents=True)
         archive = subprocess.run(
-            ["git", "-C", os.environ["MTP_UPSTREAM_CHECKOUT"], "archive", "HEAD", "src"],
+            ["git", "-C", UPSTREAM["checkout"], "archive", "HEAD", "src"],
             capture_output=True,
             check=True,
         )
@@ -76,17 +74,23 @@ def _route(version: str) -> tuple:
 
 
 EARLY = {}
+UPSTREAM = {}  # --upstream-checkout and --upstream-python, for "main"
 
 
-def start_early(pool) -> None:
-    """The routes need nothing else of the session: tests/conftest.py starts them once the suite is collected."""
+def start_early(session) -> None:
+    """Start the routes of the lines this session runs: they need nothing else of it."""
     shutil.rmtree(WORK / "verify-lines", ignore_errors=True)
-    EARLY["routes"] = pool.submit(lambda: {version: _route(version) for version in LINES})
+    versions = {item.callspec.params["version"] for item in session.items if item.cls is TestReleaseLineRoute}
+    UPSTREAM.update(checkout=session.config.getoption("upstream_checkout"))
+    UPSTREAM.update(python=session.config.getoption("upstream_python") or sys.executable)
+    EARLY["routes"] = ThreadPoolExecutor(1).submit(lambda: {version: _route(version) for version in versions})
 
 
 @pytest.fixture(scope="module")
-def routes():
-    return EARLY["routes"].result() if "routes" in EARLY else {version: _route(version) for version in LINES}
+def routes(version):
+    if version == "main" and not UPSTREAM.get("checkout"):
+        pytest.skip("needs --upstream-checkout DIR: a Megatron-Bridge clone (and --upstream-python its interpreter)")
+    return EARLY["routes"].result() if "routes" in EARLY else {version: _route(version)}
 
 
 @pytest.mark.parametrize("version", LINES)
@@ -99,7 +103,7 @@ class TestReleaseLineRoute:
 
     def test_apply_writes_the_lines_patch_and_verifies_it(self, routes, version):
         python, root, (_, applied, _), _, _ = routes[version]
-        patch = BACKPORT_FILE if version.startswith(("0.3", "0.4", "0.5")) else PATCH_FILE
+        patch = patch_file(version)
         assert (applied.returncode, applied.stderr) == (0, "")
         assert applied.stdout == f"{root}: applied (source hunks only, {patch}); verified with {python}: {DELIVERED}\n"
 
