@@ -1,81 +1,41 @@
-"""Benchmark the test suite against its budget (CONTRIBUTING.md: at most 120 s warm): the whole suite's wall time, each
-layer's share, peak RSS per worker rank, and the patched/unpatched step-time ratio of the tiny model.
+"""Print the suite's time per tier, the tiny model's peak memory per rank, and its step-time ratios.
 
-Run as ``.venv/bin/python bench/benchmark.py`` after ``./run setup`` (the environment and the view exist: "warm").
-One pytest session of the whole suite, as ``./run test`` runs it; each layer's time is the sum of its tests' junit
-times (setup, call and teardown, module fixtures included), which add up to the wall time since tests run one after
-another. Next to the wall time, the CPU-seconds (user + sys) of the suite's whole process tree: this process is a
-subreaper, so sessions, zygotes, forkservers and ranks that outlive their parent are counted too; on 2 cores, half of
-it is the least wall time any schedule could reach, and it depends far less than wall time on what else runs.
-``--layers`` adds each layer's CPU-seconds, measured as a session of its own (its background sessions included).
-Prints each figure next to its target; never fails on a miss. Timings depend on what else runs: the load average is
-printed before and after.
+    .venv/bin/python bench/benchmark.py [--tiers push all] [--rounds 5] [--steps 50]
+
+Run it after `./run setup` (warm). Each tier is one pytest session as `./run test` runs it: its wall time, and the
+CPU-seconds of its whole process tree (this process is a subreaper, so orphans count), which depend far less than
+wall time on what else runs; pytest's own `--durations` names its slowest steps. The ratios come from interleaved
+rounds (unpatched, patched and patched under `mtp-mask-fix watch`, each a fresh one-rank process running the median
+of --steps forward+backward steps), quoted as the median over rounds with its range. Nothing here fails on a figure.
 """
 
 import argparse
 import ctypes
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
-from collections import defaultdict
 from pathlib import Path
 
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-SUITE_TARGET_S = 120.0
-LAYERS = (  # (label, nodeid prefix), first match wins
-    ("unit (tests/unit_tests, the view)", "tests/unit_tests/"),
-    ("functional, 1 rank", "tests/functional/test_mtp_loss_mask.py"),
-    ("functional, PP2", "tests/functional/test_mtp_pipeline_parallel.py"),
-    ("functional, MoE with EP2", "tests/functional/test_mtp_moe.py"),
-    ("functional, acceptance rate", "tests/functional/test_mtp_acceptance_rate.py"),
-    ("functional, effect", "tests/functional/test_mtp_effect.py"),
-    ("tool (the route per release line included)", "tests/tool/"),
-    ("maintain", "tests/maintain/"),
-    ("red/green (the base's session)", "tests/test_red_green.py"),
-    ("wrong fixes", "tests/test_wrong_fixes.py"),
-    ("workflows lint", "tests/test_workflows.py"),
-    ("layout", "tests/test_layout.py"),
-    ("watch on the tiny model", "tests/watch/"),
-)
-RSS_TARGET_MIB = 1024.0
-RATIO_TOLERANCE = 0.10  # "about 1.0": within 10 % either way, CPU timing noise on 2 cores included
+TIERS = {"push": (), "all": ("--all",)}
 
 
 def _load() -> str:
     return "load average " + " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
-
-
-# Run as separate sessions by --layers: (label, pytest arguments). red/green's own cost is the difference between
-# its session and the view's, which it reads.
-LAYER_SESSIONS = (
-    ("unit + functional (the view)", ("tests/unit_tests", "tests/functional")),
-    ("  + red/green (base session)", ("tests/unit_tests", "tests/functional", "tests/test_red_green.py")),
-    ("wrong fixes", ("tests/test_wrong_fixes.py",)),
-    ("tool", ("tests/tool",)),
-    ("maintain", ("tests/maintain",)),
-    ("workflows lint", ("tests/test_workflows.py",)),
-)
-
-
 def _children_cpu() -> float:
-    """user + sys of every waited-for descendant so far (orphans included: this process is their subreaper)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
 def _reap_orphans() -> None:
-    """Wait for every descendant that outlived its parent (a forkserver, a zygote): their CPU then counts."""
     while True:
         try:
             os.waitpid(-1, 0)
@@ -83,88 +43,74 @@ def _reap_orphans() -> None:
             return
 
 
-def _session(args: tuple[str, ...], basetemp: Path, junit: Path | None = None) -> tuple[float, float, str]:
-    """(wall s, CPU s of the whole process tree, pytest's summary line) of one pytest session."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(basetemp), *args]
+def tier(name: str) -> None:
+    """Print one tier's wall time, CPU-seconds, summary line and slowest steps."""
     cpu, start = _children_cpu(), time.perf_counter()
-    done = subprocess.run(
-        [*command, *([f"--junitxml={junit}"] if junit else [])], cwd=REPO, capture_output=True, text=True
-    )
-    seconds = time.perf_counter() - start
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=5", *TIERS[name]]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - start
     _reap_orphans()
     lines = done.stdout.strip().splitlines()
-    return seconds, _children_cpu() - cpu, lines[-1].strip("= ") if lines else f"exit {done.returncode}"
+    slowest = [line for line in lines if line.split(" ", 1)[0].endswith("s") and "::" in line]
+    print(f"tier {name}: {wall:.1f} s wall, {_children_cpu() - cpu:.1f} CPU-s; {lines[-1].strip('= ')}; {_load()}")
+    print("".join(f"  {line}\n" for line in slowest), end="", flush=True)
 
 
-def _layers(junit: Path) -> dict[str, float]:
-    times = defaultdict(float)
-    for case in ET.parse(junit).iter("testcase"):
-        path = case.get("classname", "").replace(".", "/")
-        label = next((label for label, prefix in LAYERS if path.startswith(prefix.removesuffix(".py"))), "other")
-        times[label] += float(case.get("time", 0))
-    return times
-
-
-def _worker_rss(basetemp: Path) -> list[tuple[str, float]]:
-    """Peak RSS of every worker rank the session ran (each saved it in its rank<r>.pt)."""
+def _run(mode: str, tree: Path, ranks: int, *args: str, watched: bool = False) -> list[dict]:
+    """Each rank's payload of one worker run, under `mtp-mask-fix watch` if `watched`."""
     import torch
 
-    return [
-        (f"{path.parent.name}/rank {payload['rank']}", payload["peak_rss_mib"])
-        for path in sorted(basetemp.rglob("rank*.pt"))
-        for payload in [torch.load(path, weights_only=False)]
-    ]
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "tinymodel.worker", mode, "--ranks", str(ranks), "--out", out, *args]
+        command = [sys.executable, "-m", "mtp_mask_fix", "watch", "--", *command] if watched else command
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]))
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if not (Path(out) / "rank0.pt").exists():
+            raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+        return [torch.load(Path(out) / f"rank{r}.pt", weights_only=False) for r in range(ranks)]
 
 
-def _step_time(steps: int) -> None:
-    """Median fwd+bwd step of the tiny model, patched and unpatched, one process each at once (one core each)."""
+def memory() -> None:
+    """Print the peak RSS of each rank of the PP2 proof's run and of a one-rank step."""
+    from maintain.repo import VIEW
+
+    for name, ranks in (("pipeline", 2), ("bench", 1)):
+        for payload in _run(name, VIEW, ranks, *(("--steps", "3") if name == "bench" else ())):
+            print(f"peak RSS, {name} on {ranks} rank(s), rank {payload['rank']}: {payload['peak_rss_mib']:.0f} MiB")
+
+
+def ratios(rounds: int, steps: int) -> None:
+    """Print the patched/unpatched and watched/patched step-time ratios, interleaved round by round."""
     from maintain.repo import VIEW, pins, release
-    from tinymodel.worker import Launch, launch_all
 
-    trees = {"patched": VIEW, "unpatched": release(pins()["megatron-bridge"]).root}
-    with tempfile.TemporaryDirectory(prefix="mtp-bench-step-") as tmp:
-        runs = [Launch("bench", tree, 1, Path(tmp) / arm, ("--steps", str(steps))) for arm, tree in trees.items()]
-        median = {arm: ranks[0]["median_step_s"] for arm, ranks in zip(trees, launch_all(runs))}
-    ratio = median["patched"] / median["unpatched"]
-    print(
-        f"{'step time patched/unpatched':<40} median of {steps} fwd+bwd: {median['patched'] * 1e3:.1f} ms / "
-        f"{median['unpatched'] * 1e3:.1f} ms = {ratio:.3f}    target ~1.0 (+-{RATIO_TOLERANCE:.0%})    "
-        f"{_verdict(abs(ratio - 1) <= RATIO_TOLERANCE)}"
-    )
+    arms = {"unpatched": (release(pins()["megatron-bridge"]).root, False), "patched": (VIEW, False)}
+    arms["watched"] = (VIEW, True)
+    found = {"patched/unpatched": [], "watched/patched": []}
+    for round_ in range(rounds):
+        order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]  # each arm first in turn
+        step = {arm: _run("bench", arms[arm][0], 1, "--steps", str(steps), watched=arms[arm][1]) for arm in order}
+        step = {arm: payloads[0]["median_step_s"] for arm, payloads in step.items()}
+        for name in found:
+            top, bottom = name.split("/")
+            found[name].append(step[top] / step[bottom])
+        print(f"round {round_ + 1}: " + ", ".join(f"{arm} {step[arm] * 1e3:.2f} ms" for arm in arms), flush=True)
+    for name, values in found.items():
+        print(f"{name}: median {statistics.median(values):.3f} (range {min(values):.3f} to {max(values):.3f})")
 
 
 def main() -> None:
-    """Measure and print; exit status 0 whatever the figures."""
+    """Measure and print; exit 0 whatever the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=50, help="timed forward+backward steps per tree")
-    parser.add_argument("--layers", action="store_true", help="also each layer's CPU-seconds, a session each")
+    parser.add_argument("--tiers", nargs="*", choices=TIERS, default=["push"], help="the tiers to time (push)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the three arms")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per run (their median is its figure)")
     args = parser.parse_args()
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come back to us
-    print(f"the whole suite, warm, one session; {_load()}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="mtp-bench-") as tmp:
-        seconds, cpu, summary = _session((), Path(tmp) / "pytest", Path(tmp) / "junit.xml")
-        print(
-            f"{'suite':<40} {seconds:7.1f} s    target <= {SUITE_TARGET_S:.0f} s    {_verdict(seconds <= SUITE_TARGET_S)}"
-        )
-        print(f"  [{summary}]")
-        print(f"  {'CPU-seconds, whole process tree':<38} {cpu:7.1f} s    (/ 2 cores = {cpu / 2:.0f} s; {_load()})")
-        for label, layer in sorted(_layers(Path(tmp) / "junit.xml").items(), key=lambda item: -item[1]):
-            print(f"  {label:<38} {layer:7.1f} s")
-        rss = _worker_rss(Path(tmp) / "pytest")
-        if rss:
-            worst = max(mib for _, mib in rss)
-            print(
-                f"{'peak RSS, largest worker rank':<40} {worst:7.0f} MiB  of {len(rss)} ranks    "
-                f"target <= {RSS_TARGET_MIB:.0f} MiB    {_verdict(worst <= RSS_TARGET_MIB)}"
-            )
-    if args.layers:
-        print(f"each layer as a session of its own (CPU-seconds of its whole process tree, then wall); {_load()}")
-        with tempfile.TemporaryDirectory(prefix="mtp-bench-layers-") as tmp:
-            for index, (label, layer_args) in enumerate(LAYER_SESSIONS):
-                seconds, cpu, summary = _session(layer_args, Path(tmp) / str(index))
-                print(f"  {label:<38} {cpu:7.1f} CPU-s {seconds:7.1f} s    [{summary}]", flush=True)
-    _step_time(args.steps)
-    print(_load(), flush=True)
+    for name in args.tiers:
+        tier(name)
+    memory()
+    ratios(args.rounds, args.steps)
+    print(_load())
 
 
 if __name__ == "__main__":

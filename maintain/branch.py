@@ -26,8 +26,8 @@ def valid_branch(branch: str) -> None:
 
 
 def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
-    """A new branch of a git checkout holding the patch as a commit authored and signed off by the submitter: made
-    by `git am -s` in a temporary worktree, so that the checkout only changes at the final `git switch`."""
+    """Make a new branch of a checkout holding the patch as a commit authored and signed off by you."""
+    # `git am -s` in a temporary worktree: the checkout changes only at the final `git switch`.
     root = target.root
     for key in ("user.name", "user.email"):
         if not git("config", key, cwd=root, check=False).stdout.strip():
@@ -78,7 +78,7 @@ def run(args) -> tuple[str, Exit]:
 
 
 def parser() -> cli.Parser:
-    """The command line of `./run NAME` for this module: its refusals are the tool's (one line, the same exit codes)."""
+    """`./run branch`'s options; its refusals are the tool's (one line, the same exit codes)."""
     parser = cli.Parser(
         prog="./run branch", description="the patch as a signed-off commit on a new branch of a checkout"
     )

@@ -1,22 +1,10 @@
-"""The test environments, each made by one `uv sync`: this checkout's (.venv, pyproject.toml's dev group as uv.lock
-pins it) and one per release line and upstream checkout (.work/envs/<key>: the same group, with the megatron-core the
-line's 3rdparty/Megatron-LM submodule pins and the transformers and datasets its wheel or pyproject.toml declares).
+"""The test environments, each one `uv sync`: .venv, and one per release line or upstream checkout in .work/envs.
 
-A release line takes the megatron-core in lines.toml (or the newest its wheel allows); an upstream checkout, the
-commit its HEAD pins for its submodule (PyPI has no core for upstream main), built from that commit's content. Each
-line's environment is a project generated in its folder from pyproject.toml, resolved from uv.lock's versions (copied
-there as the starting lock whenever it changes), so that it differs from .venv only where its pins make it. Releases
-that share a megatron-core and a transformers requirement share one environment; a checkout's key names its
-submodule's commit.
+    python -m maintain.envs [VERSION|CHECKOUT]    # syncs it (.venv without an argument) and prints its interpreter
 
-Two files that uv.lock names come from .work/dists, put there first: the CPU torch wheel, from the machine's own
-package sources as pip's configuration names them (a local find-links or index), else from PyTorch's CPU index (uv
-checks it against the lock's sha256); and megatron-core's sdist, from PyPI (its sha256 checked here). megatron-core
-declares Python >= 3.12 (it runs on 3.11): an index states that for each file and uv holds to it, while for a file in a
-local folder uv reads the Python range from pyproject.toml's dependency-metadata.
-
-`python -m maintain.envs [VERSION|CHECKOUT]` syncs the environment (this checkout's without an argument) and prints
-its interpreter; uv's own output goes to stderr.
+A line's environment is a project generated from pyproject.toml's dev group with the line's megatron-core (lines.toml,
+or the commit a checkout pins for its submodule), transformers and datasets, starting from uv.lock's versions, so that
+it differs from .venv only where its pins make it. CONTRIBUTING.md says where torch and megatron-core's sdist come from.
 """
 
 import functools
@@ -49,8 +37,7 @@ SUBMODULE = "3rdparty/Megatron-LM"
 
 
 class Spec(NamedTuple):
-    """A test environment: its folder under .work/envs ("" for .venv), the requirements that replace the dev group's
-    of the same names, and the tree megatron-core is built from (an upstream checkout's; None: its sdist)."""
+    """A test environment: its folder under .work/envs ("" for .venv), its requirements, and core's source tree."""
 
     key: str
     requirements: list[str]
@@ -75,9 +62,7 @@ def requirement(version: str, name: str) -> str:
 
 
 def declared(requirements: list[str], name: str) -> str | None:
-    """The version specifier (spaces dropped, "" when unpinned) of the first of `requirements` (PEP 508 lines, as
-    Requires-Dist or [project].dependencies hold them) on `name`, extras and all (`transformers[torch]>=5.8`), but
-    not one only an extra asks for; None when none is."""
+    """The version specifier of the first of `requirements` (PEP 508) on `name`, "" when unpinned, None when absent."""
     for line in requirements:
         req, _, marker = line.partition(";")
         found = re.match(rf"^\s*{re.escape(name)}\s*(\[[^\]]*\])?\s*\(?\s*([<>=!~][^)]*)?\)?\s*$", req, re.I)
@@ -97,8 +82,7 @@ def core(version: str) -> str:
 
 
 def newest(package: str, allowed: str) -> str:
-    """The newest release of `package` on the package index that `allowed` admits (for Python 3.12, as the releases
-    of Megatron-Bridge and megatron-core declare), so that an environment's key names what it holds."""
+    """The newest release of `package` for Python 3.12 that `allowed` admits, so that a key names what it holds."""
     from packaging.specifiers import SpecifierSet
 
     index = [sys.executable, "-m", "pip", "index", "versions", package, "--python-version", "3.12"]
@@ -122,11 +106,9 @@ def spec(version: str) -> Spec:
 
 
 def checkout_spec(root: Path) -> Spec:
-    """An upstream checkout's environment: megatron-core built from the commit its HEAD pins for 3rdparty/Megatron-LM
-    (the tests run the checkout's HEAD), which must be the one checked out there, then transformers and datasets as
-    its pyproject.toml declares them. The build's source is that commit's content, unpacked once under .work/src,
-    never the submodule's working tree: uncommitted edits or a stale build/ there would go into an environment whose
-    key names a clean commit."""
+    """An upstream checkout's environment: megatron-core from the commit its HEAD pins, transformers as it declares."""
+    # Built from that commit's content, never the submodule's working tree, whose edits or stale build/ would go into
+    # an environment whose key names a clean commit.
     update = f"`git -C {root} submodule update --init {SUBMODULE}`"
     try:
         upstream = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
@@ -157,9 +139,7 @@ def checkout_spec(root: Path) -> Spec:
 
 
 def _unpacked(repo: Path, commit: str) -> Path:
-    """`commit`'s tree from `repo`, unpacked once into .work/src/megatron-lm-<commit12> as gate unpacks a checkout
-    (`git archive`, then shutil): via a temporary directory renamed into place, so that a killed run leaves no half
-    tree under that name."""
+    """`commit`'s tree from `repo`, unpacked once into .work/src (renamed into place: a killed run leaves no half)."""
     tree = WORK / "src" / f"megatron-lm-{commit[:12]}"
     if tree.is_dir():
         return tree
@@ -177,7 +157,7 @@ def _unpacked(repo: Path, commit: str) -> Path:
 
 
 def _name(requirement: str) -> str:
-    """A requirement as part of a folder name: megatron-core==0.18.2 -> core0.18.2, transformers<5 -> transformers-lt5."""
+    """A requirement as part of a folder name (megatron-core==0.18.2 -> core0.18.2, transformers<5 -> transformers-lt5)."""
     ops = {"==": "", "<=": "le", ">=": "ge", "<": "lt", ">": "gt", "~=": "compat", "!=": "ne", ",": "-"}
     name, rest = re.match(r"^([\w.-]+?)([<>=!~].*)?$", requirement).groups()
     text = re.sub("|".join(map(re.escape, sorted(ops, key=len, reverse=True))), lambda m: ops[m.group()], rest or "")
@@ -213,7 +193,7 @@ def say(text: str) -> None:
 
 @functools.cache
 def uv() -> str:
-    """The uv that pyproject.toml requires: on PATH if it is that one, else installed by pip into .work/uv, once."""
+    """The uv pyproject.toml requires: on PATH if it is that one, else installed by pip into .work/uv, once."""
     wanted = project()["tool"]["uv"]["required-version"].removeprefix("==")
     mine = WORK / "uv" / "bin" / "uv"
     for candidate in filter(None, (shutil.which("uv"), mine.is_file() and str(mine))):
@@ -229,8 +209,7 @@ def uv() -> str:
 
 
 def _pip(*args: str, failure: str | None) -> bool:
-    """pip with the machine's own configuration, its output shown only when it fails; with `failure`, a failure is
-    that ToolError."""
+    """pip with the machine's configuration, quiet unless it fails; with `failure`, a failure is that ToolError."""
     done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True)
     if done.returncode != 0 and failure:
         sys.stderr.buffer.write(done.stdout + done.stderr)
@@ -239,8 +218,7 @@ def _pip(*args: str, failure: str | None) -> bool:
 
 
 def stage_torch() -> None:
-    """The CPU torch wheel pyproject.toml's source names, into .work/dists: from the package sources pip's own
-    configuration gives (find-links, indexes: a local copy, where the machine has one), else PyTorch's CPU index."""
+    """The CPU torch wheel pyproject.toml names, into .work/dists: from pip's own sources, else PyTorch's CPU index."""
     wheel = REPO / project()["tool"]["uv"]["sources"]["torch"]["path"]
     if wheel.is_file():
         return
@@ -252,8 +230,7 @@ def stage_torch() -> None:
 
 
 def stage_core(version: str) -> None:
-    """megatron-core's sdist `version` into .work/dists, from PyPI's simple API, its sha256 checked; written whole or
-    not at all (a temporary file renamed into place)."""
+    """megatron-core's sdist `version` into .work/dists from PyPI, its sha256 checked, written whole or not at all."""
     sdist = DISTS / f"megatron_core-{version}.tar.gz"
     if sdist.is_file():
         return
@@ -276,9 +253,8 @@ def stage_core(version: str) -> None:
 
 
 def sync(folder: Path, *flags: str) -> Path:
-    """`uv sync` of the project in `folder` (nothing to do: one quick check), with this interpreter's own Python;
-    its .pth files written; its interpreter. NO_VCS_VERSION=1: a megatron-core built from a tree here is its bare
-    X.Y.Z, not X.Y.Z+<the commit of whichever git repository encloses the build>."""
+    """`uv sync` of the project in `folder` with this Python (a quick check when in sync); returns its interpreter."""
+    # NO_VCS_VERSION=1: a megatron-core built here is X.Y.Z, not X.Y.Z+<the commit of the enclosing repository>.
     command = [uv(), "sync", "--project", str(folder), "--python", sys._base_executable, *flags]
     env = os.environ | {"NO_VCS_VERSION": "1"}
     if subprocess.run([*command, "--check", "--quiet"], env=env, capture_output=True).returncode != 0:
@@ -298,9 +274,7 @@ def sync(folder: Path, *flags: str) -> Path:
 
 
 def checkout_environment() -> Path:
-    """.venv: the dev group as uv.lock pins it, and the tool installed editable; meanwhile the release wheels the
-    tests read are fetched into .work/pypi (the pinned release and every line of lines.toml), so that the suite
-    downloads nothing."""
+    """Sync .venv and, meanwhile, fetch every release line's wheel, so that the suite downloads nothing."""
     stage_torch()
     stage_core(pins()["megatron-core"])
     versions = dict.fromkeys([pins()["megatron-bridge"], *release_lines()])
@@ -320,8 +294,7 @@ def checkout_environment() -> Path:
 
 
 def line_environment(line: Spec) -> Path:
-    """A release line's or checkout's environment, in .work/envs/<key>: a project there made from pyproject.toml with
-    the line's requirements, whose first lock is uv.lock, then one `uv sync`."""
+    """Sync a release line's or checkout's environment in .work/envs/<key>; returns its interpreter."""
     folder = WORK / "envs" / line.key
     folder.mkdir(parents=True, exist_ok=True)
     stage_torch()
@@ -339,8 +312,7 @@ def line_environment(line: Spec) -> Path:
 
 
 def _line_project(line: Spec) -> str:
-    """The pyproject.toml of a line's environment: this one's dev group with the line's requirements in place of the
-    ones of the same names, its [tool.uv] with every path made absolute; not a package (nothing of it is built)."""
+    """The pyproject.toml of a line's environment: the dev group with the line's requirements, paths made absolute."""
     import tomli_w
 
     root = project()

@@ -1,7 +1,10 @@
-"""Red/green: the contract (Outcome, Run, problems), and the runner and pytest plugin that measure it. `run_many`
-starts `python -m maintain.redgreen` in the interpreter under test: it imports the third-party stack and the first
-tree's megatron.bridge once (never gpt_step), then forks a session per job, its tree first on the import path and this
-module its plugin. A session keeps that megatron.bridge only if each of its modules is the same file in its own tree."""
+"""Red/green: its contract (Outcome, Run, problems), and the runner and pytest plugin that measure it.
+
+`run_many` starts `python -m maintain.redgreen` in the interpreter under test, which imports the third-party stack and
+the first tree's megatron.bridge once, then forks a pytest session per job with that job's tree first on the import
+path. A forked session keeps the warm megatron.bridge only where each of its modules is the same file in its own tree:
+it saves the push tier about a third of the wrong fixes' CPU time (CONTRIBUTING.md).
+"""
 
 import importlib.util
 import json
@@ -51,7 +54,7 @@ class Job:
 
 @dataclass
 class Run:
-    """One finished session: each test's outcome, those marked `fail_to_pass`, the gpt_step.py files it imported."""
+    """One finished session: each test's outcome, those marked `fail_to_pass`, and the gpt_step.py files it imported."""
 
     outcomes: dict[str, Outcome]
     marked: set[str]
@@ -84,7 +87,7 @@ def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: lis
 
 
 def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
-    """The jobs' sessions, forked from one warm `python`; each must have imported its own tree's gpt_step.py."""
+    """Run the jobs' sessions, forked from one warm `python`; each must import its own tree's gpt_step.py."""
     with tempfile.TemporaryDirectory() as tmp:
         specs = [(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd)) for i, job in enumerate(jobs)]
         env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -101,8 +104,7 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
 
 
 def read_run(out: Path, under: str = "") -> Run:
-    """One session's records (of the tests whose node ids begin with `under`); a session killed before it began left
-    no file: nothing ran."""
+    """One session's records of the tests under `under` (none if it was killed before it began)."""
     entries = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     entries = [e for e in entries if e["nodeid"].startswith(under)]
     return Run(
@@ -168,7 +170,7 @@ def _drop_bridge() -> None:
 
 
 def _warm_bridge(tree: str) -> None:
-    """megatron.bridge as `tree` has it, imported once; none if that fails or imports gpt_step (a session's own)."""
+    """Import megatron.bridge from `tree` once, or none where that fails or imports gpt_step (each session's own)."""
     sys.path.insert(0, tree)
     try:
         importlib.import_module("megatron.bridge")
@@ -181,8 +183,7 @@ def _warm_bridge(tree: str) -> None:
 
 
 def _adopt_bridge(tree: str, warmed: str) -> None:
-    """The warm megatron.bridge, its packages searched in `tree`, if each module is the same file there (a tree's
-    links into its base); else none, for the session to import its own."""
+    """Keep the warm megatron.bridge, searched in `tree`, where each module is the same file there; else drop it."""
     tree, found = os.path.abspath(tree), {}  # absolute: the session changes directory before it imports
     for module in map(sys.modules.get, _bridge()):
         where = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", [])), None)
@@ -210,7 +211,7 @@ if __name__ == "__main__":  # the runner: each [out, tree, args, cwd] on stdin i
     specs = json.load(sys.stdin)
     if specs:
         _warm_bridge(specs[0][1])
-    parallel = max(1, int(os.environ.get("MTP_FIX_PARALLEL", os.cpu_count() or 1)))
+    parallel = os.cpu_count() or 1
     fork = multiprocessing.get_context("fork")  # not a Pool: it waits forever on a worker that died
     pending, running = [fork.Process(target=_session, args=(*spec, specs[0][1])) for spec in specs], []
     while pending or running:  # a session that dies (os._exit, a signal) ends there: its tests read "did not run"

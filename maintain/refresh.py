@@ -1,8 +1,9 @@
-"""`./run refresh`: the patches/ files, rewritten byte-stable from where they come from. gbp-pq style: `./run branch
-CHECKOUT wip` makes the patch a commit; amend it there, and `--upstream CHECKOUT` writes it back once it holds
-red/green there (the checkout is never changed). `--backports` derives each older line's patch (a tool test checks
-them): before 0.6 the `forward_args` literal is followed by `if cu_seqlens is not None:`, so the source hunks are
-applied with two lines of trailing context."""
+"""`./run refresh`: rewrite the patches/ files, byte-stable, from the patch's commit in an upstream checkout.
+
+As gbp-pq does: `./run branch CHECKOUT wip` makes the patch a commit; amend it there, and `--upstream CHECKOUT` writes it
+back once it holds red/green there. `--backports` derives each older line's patch: before 0.6 the `forward_args`
+literal is followed by `if cu_seqlens is not None:`, so the source hunks apply with two lines of trailing context.
+"""
 
 import datetime
 import sys
@@ -36,8 +37,8 @@ def _author(patch: Patch) -> dict[str, str]:
 
 
 def _mailbox(repo: Path, parent: str, tree: str, message: str, old: Patch, *, upstream: bool) -> str:
-    """`tree` committed on `parent` as `old`'s author and date, with its DEP-3 block; an upstream commit's mailbox
-    names its base and moves Last-Update when the diff does."""
+    """The mailbox of `tree` committed on `parent` with `old`'s author, date and DEP-3 block."""
+    # An upstream commit's mailbox names its base, and moves Last-Update only when the diff does.
     made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=_author(old), input=message).stdout.strip()
     stable = ["--zero-commit", "--no-signature", *[f"--base={parent}"] * upstream]
     text = git("format-patch", "-1", "--stdout", *stable, made, cwd=repo).stdout

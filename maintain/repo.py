@@ -1,5 +1,4 @@
-"""This checkout's places, and the releases it works on: the pinned one every default refers to, and any other,
-downloaded once from the package index into .work/pypi/."""
+"""This checkout's places, its release lines, and any release's wheel, downloaded once into .work/pypi/."""
 
 import re
 import shutil
@@ -36,8 +35,7 @@ def patch_file(version: str) -> str:
 
 
 def pins() -> dict[str, str]:
-    """The pinned release every default refers to (pyproject.toml's [tool.mtp-mask-fix]) and the megatron-core of
-    this checkout's environment (its dev group)."""
+    """The pinned release (pyproject.toml's [tool.mtp-mask-fix]) and the megatron-core of its dev group."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     core = next(r for r in project["dependency-groups"]["dev"] if re.match(r"megatron-core\s*==", r))
     return {
@@ -56,8 +54,7 @@ def release(version: str) -> Target:
 
 
 def _download(version: str) -> Path:
-    """pip download of the wheel; its package and METADATA (the pins that choose the release's test environment)
-    unpacked into .work/pypi/<its version>/ unless already there, in one rename."""
+    """Download the wheel and unpack its package and METADATA into .work/pypi/<version>/ in one rename."""
     (WORK / "pypi").mkdir(parents=True, exist_ok=True)
     spec = "megatron-bridge" + ("" if version == "latest" else f"=={version}")
     with tempfile.TemporaryDirectory(dir=WORK / "pypi") as tmp:

@@ -1,5 +1,5 @@
-"""Trees to import first on the path: symlink farms of a base where only what a diff touches, and the directories above
-it, are real (every other directory is the base's, bytecode cache included: nothing recompiles); gate's, the view."""
+"""Trees to put first on the import path: a base's symlink farm in which only what a diff touches is real."""
+# Every other directory is the base's, bytecode included, so nothing recompiles: gate's trees and the wrong fixes'.
 
 import shutil
 from pathlib import Path
@@ -10,8 +10,11 @@ from mtp_mask_fix.patch import Patch
 
 
 def materialise(base: Path, dest: Path, patch: Patch | None = None, *, strip=2, rewrite: dict | None = None, **part):
-    """dest = base (the directory holding megatron/bridge) + `patch.part(**part)` (src, leave_out) applied with git
-    apply -p`strip`, + `rewrite` (path: text); returns dest."""
+    """Make dest the base (the folder holding megatron/bridge) with `patch.part(**part)` applied and `rewrite` written.
+
+    Returns:
+        dest.
+    """
     shutil.rmtree(dest, ignore_errors=True)
     touched = [Path(stripped(path, strip)) for path in (patch.paths(src=part.get("src")) if patch else [])]
     touched += map(Path, rewrite or {})

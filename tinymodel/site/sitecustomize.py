@@ -1,6 +1,7 @@
 """CPU shims for this machine only (Python 3.11, no TransformerEngine, no CUDA), loaded by every Python process of the
-test environment: `./run` puts this directory on PYTHONPATH, so pytest, its forked sessions, the verify probe and
-every worker rank get the same shims without asking for them. Nothing here enters the patch or the tool.
+test environment through the `.pth` file that `./run` writes into its site-packages, so that pytest, its sessions, the
+verify probe and every worker rank get the same shims without asking for them. Nothing here enters the patch or the
+tool.
 
 Each shim acts only when the real thing is missing, so with Python >= 3.12 and TransformerEngine installed it does
 nothing.
