@@ -28,6 +28,7 @@ from typing import NamedTuple
 from maintain.repo import REPO, WORK, pins, release, release_lines
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import git
+from mtp_mask_fix.signals import SIGNALS
 
 
 DISTS = WORK / "dists"  # pyproject.toml's flat index: the files uv.lock names that no index serves as they are
@@ -100,7 +101,7 @@ def spec(version: str) -> Spec:
     # datasets too: resolved with transformers, so that both agree on huggingface-hub (transformers < 5 needs < 1.0).
     wanted = [f"megatron-core{core(name)}", *(f"{p}{requirement(name, p)}" for p in ("transformers", "datasets"))]
     pinned = f"megatron-core=={pins()['megatron-core']}"
-    if wanted[0] == pinned and _allows(wanted[1], locked("transformers")):
+    if wanted[0] == pinned and _allows(wanted[1], locked_version("transformers")):
         return Spec("", wanted)
     return Spec("-".join(_name(req) for req in wanted[:2]), wanted)
 
@@ -177,7 +178,7 @@ def _project_name(requirement: str) -> str:
     return canonicalize_name(Requirement(requirement).name)
 
 
-def locked(package: str) -> str:
+def locked_version(package: str) -> str:
     """The version uv.lock pins for `package`."""
     lock = tomllib.loads((REPO / "uv.lock").read_text())
     return next(entry["version"] for entry in lock["package"] if entry["name"] == package)
@@ -352,7 +353,7 @@ def _interrupted(signum, _frame):
 
 
 if __name__ == "__main__":
-    for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for _signum in SIGNALS:
         signal.signal(_signum, _interrupted)
     try:
         if len(sys.argv) == 1:

@@ -17,12 +17,12 @@ from mtp_mask_fix.targets import Kind, Target, resolve
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".work"  # downloads, environments and outputs (git-ignored)
 VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
-LINES = Path(__file__).with_name("lines.toml")
+LINES_TOML = Path(__file__).with_name("lines.toml")
 
 
 def release_lines() -> dict[str, dict]:
     """Every release with MTP, oldest first, and its row of lines.toml (its megatron-core and backport)."""
-    return tomllib.loads(LINES.read_text())["releases"]
+    return tomllib.loads(LINES_TOML.read_text())["releases"]
 
 
 def patch_file(version: str) -> str:

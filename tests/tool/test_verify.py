@@ -26,8 +26,8 @@ from tests.support.targets import (
 
 
 # The pinned line on every push; every other line in --all, and upstream main with --upstream-checkout.
-LINES = [pytest.param(v, marks=[] if v == PINNED else pytest.mark.slow) for v in release_lines()]
-LINES += [pytest.param("main", marks=pytest.mark.slow)]
+ROUTES = [pytest.param(v, marks=[] if v == PINNED else pytest.mark.slow) for v in release_lines()]
+ROUTES += [pytest.param("main", marks=pytest.mark.slow)]
 DELIVERED = "the model receives the batch's loss_mask with MTP on"
 
 
@@ -93,7 +93,7 @@ def routes(version):
     return EARLY["routes"].result() if "routes" in EARLY else {version: _route(version)}
 
 
-@pytest.mark.parametrize("version", LINES)
+@pytest.mark.parametrize("version", ROUTES)
 class TestReleaseLineRoute:
     """Red on the release as shipped, by what the probe found; green once applied; the release's bytes again."""
 
