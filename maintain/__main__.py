@@ -4,7 +4,7 @@ import argparse
 import re
 import sys
 
-from maintain import branch, gate, pr, refresh, view
+from maintain import branch, gate, refresh, view
 from mtp_mask_fix import cli
 
 
@@ -32,7 +32,7 @@ def commands() -> list[tuple[str, str, str]]:
     ]
     rows += [
         (_usage(module.parser()), module.parser().description, "this clone")
-        for module in (gate, pr, branch, refresh, view)
+        for module in (gate, branch, refresh, view)
     ]
     return rows + [(usage, said, "this clone") for usage, said in RUN]
 

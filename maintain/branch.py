@@ -61,7 +61,8 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
         git("branch", "--quiet", "-D", branch, cwd=root, check=False)
         raise
     scope = " (source hunks only: upstream's test file has moved on)" if verdict.src else ""
-    return f"{target.label}: branch {branch} holds the fix{scope}, signed off by you; push it and run `./run pr`"
+    said = f"{target.label}: branch {branch} holds the fix{scope}, signed off by you"
+    return f"{said}; push it, and open the PR with upstream/pr-body.md"
 
 
 def _git(target: Target, *args: str, cwd: Path | str, code: Exit = Exit.USAGE) -> None:

@@ -4,7 +4,6 @@ upstream's test files that the patch changes (its base tree gets the patch's tes
 
 import ast
 import hashlib
-import json
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from maintain import pr
 from maintain.redgreen import Job, Outcome, Run, problems, run_many
 from maintain.repo import REPO, WORK, checkout, pins, release
 from maintain.trees import materialise
@@ -49,9 +47,6 @@ class Row:
     notes: list[str] = field(default_factory=list)
     red: str = "-"
     green: str = "-"
-    commit: str = ""  # a checkout's gated commit, for pr
-    tag: str = ""  # its release tag, if it is one
-    anchors: dict = field(default_factory=dict)  # pr's permalinks: the lines they point at, at that commit
 
 
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
@@ -94,9 +89,6 @@ def checkout_row(target: Target, patch: Patch, rev: str = "HEAD", upstream: Path
     row = _row(target, patch, upstream, upstream.parent, tuple(patch.test_files()))
     row.touched = touched_tests(patch.test_files(), upstream, row.patched.cwd)
     row.notes = lint(row.patched.cwd, patch.paths())
-    row.commit = git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=target.root).stdout.strip()
-    row.tag = git("describe", "--tags", "--exact-match", row.commit, cwd=target.root, check=False).stdout.strip()
-    row.anchors = pr.anchors(upstream, target.root, row.commit)
     return row
 
 
@@ -162,27 +154,10 @@ def sessions(rows: list[Row]) -> list[Job]:
 
 
 def evaluate(rows: list[Row], python: str) -> None:
-    """Run every session once and judge each row; record each checkout that holds for `pr`, keyed by its patch."""
+    """Run every session once and judge each row."""
     runs = dict(zip(sessions(rows), run_many(sessions(rows), python)))
-    # megatron-core's version, and the Megatron-LM commit it was built from: `./run python DIR` installs it from
-    # .work/src/megatron-lm-<the commit's first 12 digits>, which pip records in its direct_url.json.
-    query = "import importlib.metadata as m; d = m.distribution('megatron-core'); print(d.version); "
-    query += "print(__import__('json').loads(d.read_text('direct_url.json') or '{}').get('url', ''))"
-    core, _, url = subprocess.run([python, "-c", query], capture_output=True, text=True).stdout.strip().partition("\n")
-    built = url.rstrip("/").rpartition("/megatron-lm-")[2] if "/megatron-lm-" in url else ""
     for row in [row for row in rows if row.base]:
         judge(row, runs)
-        if row.commit and row.verdict == Verdict.PASS:  # keyed by the patch: no other diff's results reach `pr`
-            path = pr.results_file(row.patch)
-            old = json.loads(path.read_text())["checkouts"] if path.exists() else []
-            pin = row.anchors.get("megatron_lm") or ""
-            lm = pin if built and pin.startswith(built) else None  # None: not tested with the pinned commit
-            held = {"commit": row.commit, "megatron_core": core, "megatron_lm": lm, "red": row.red, "green": row.green}
-            same = (row.commit, core, lm)  # a run of this patch with the same commit and megatron-core: replaced
-            kept = [c for c in old if (c["commit"], c["megatron_core"], c.get("megatron_lm")) != same]
-            checkouts = kept + [held | {"tag": row.tag, "anchors": row.anchors}]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"patch": pr.patch_key(row.patch), "checkouts": checkouts}, indent=1) + "\n")
 
 
 def gate(targets: list[Target], patches: list[Patch], python: str = sys.executable) -> tuple[str, Exit]:

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from maintain import pr
 from maintain.gate import checkout_row
 from maintain.redgreen import Job, Outcome, run_many
 from maintain.repo import VIEW, WORK, checkout
@@ -131,7 +130,8 @@ ADDED = WORK / "upstream-bound" / "test_gpt_step_added.py"
 def _upstream_bound_tests() -> Path:
     """The tests the patch adds to upstream's test_gpt_step.py, as a module over tests/support/upstream_helpers (the
     stand-ins for that file's helpers): in push CI they run without an upstream checkout."""
-    added = pr.added(Patch.load(), UPSTREAM_TEST)
+    (tests,) = [file for file in Patch.load().files if file.path == UPSTREAM_TEST]
+    added = "".join(line.value for hunk in tests for line in hunk if line.is_added)
     ADDED.parent.mkdir(parents=True, exist_ok=True)
     ADDED.write_text(f"from tests.support.upstream_helpers import *  # noqa: F403\n\n\nclass TestGetBatch:\n{added}")
     return ADDED

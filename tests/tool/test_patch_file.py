@@ -176,7 +176,7 @@ DAMAGED = {
 
 @pytest.mark.parametrize("name", DAMAGED)
 def test_a_damaged_patch_is_refused_in_one_line(patch, tmp_path, name):
-    """What `./run gate --patch` and `./run pr --patch` load: never a traceback, nor a patch read half."""
+    """What `./run gate --patch` loads: never a traceback, nor a patch read half."""
     damaged, words = DAMAGED[name]
     path = tmp_path / "damaged.patch"
     path.write_bytes(damaged(patch).encode("utf-8", errors="surrogateescape"))

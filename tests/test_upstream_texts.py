@@ -1,0 +1,120 @@
+"""The texts in upstream/ for Megatron-Bridge's maintainers: every link pinned, the credit left to the poster, nothing
+of this repo in them, and (with an upstream checkout) each linked line range holding the code its link text quotes."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from maintain.repo import REPO
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import FIXED_FILE, UPSTREAM_TEST
+
+
+TEXTS = {path.name: path.read_text() for path in sorted((REPO / "upstream").glob("*.md"))}
+BRIDGE = "NVIDIA-NeMo/Megatron-Bridge"
+MEGATRON_LM = "NVIDIA/Megatron-LM"
+SUBMODULE = "3rdparty/Megatron-LM"
+# A link into one of the two repositories: [text](https://github.com/REPO/blob|tree/REV/PATH#Lfirst-Llast).
+LINK = re.compile(
+    r"\[(?P<text>[^\]]+)\]\((?P<url>https://github\.com/(?P<repo>[\w.-]+/[\w.-]+)/(?:blob|tree)/(?P<rev>[^/]+)/"
+    r"(?P<path>[^)#]+)(?:#L(?P<first>\d+)(?:-L(?P<last>\d+))?|#[\w-]+)?)\)"
+)
+LINKS = [link for text in TEXTS.values() for link in LINK.finditer(text)]
+# What the texts say is not there, which no quote can show: {a linked path: strings absent from what its links show}.
+ABSENT = {
+    "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py": ("loss_mask", "**"),  # forward's
+    "src/megatron/bridge/recipes": ("falcon",),  # no FalconH1 recipe
+}
+
+
+def _quotes(text: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", text)
+
+
+def _added(path: str) -> str:
+    """The lines the patch adds to `path`, without the blank lines at their end."""
+    lines = [
+        line.value
+        for file in Patch.load().files
+        if file.path == path
+        for hunk in file
+        for line in hunk
+        if line.is_added
+    ]
+    return "".join(lines).rstrip("\n") + "\n"
+
+
+def test_the_three_texts_are_there():
+    assert set(TEXTS) == {"review-6105.md", "pr-body.md", "follow-up-6105-landed.md"}
+
+
+def test_every_link_names_a_commit_that_never_moves():
+    repos = {link["repo"] for link in LINKS}
+    urls = re.findall(rf"https://github\.com/(?:{BRIDGE}|{MEGATRON_LM})/(?:blob|tree)/\S+", "".join(TEXTS.values()))
+    assert repos == {BRIDGE, MEGATRON_LM} and len(urls) == len(LINKS)  # every such URL is a link LINK reads
+    base = Patch.load().base_commit
+    assert {link["rev"] for link in LINKS if link["repo"] == BRIDGE} == {base}
+    assert all(re.fullmatch(r"[0-9a-f]{40}", link["rev"]) for link in LINKS if link["repo"] == MEGATRON_LM)
+
+
+def test_every_line_link_quotes_the_code_it_points_at():
+    ranges = [link for link in LINKS if link["first"]]
+    assert ranges and all(_quotes(link["text"]) for link in ranges)
+    assert set(ABSENT) <= {link["path"] for link in LINKS}
+
+
+def test_the_co_author_is_left_to_the_poster():
+    (credit,) = re.findall(r"^Co-authored-by:.*$", TEXTS["pr-body.md"], re.M)
+    assert re.fullmatch(r"Co-authored-by: <[^<>@]+> <[^<>@]+>", credit), credit  # no address is guessed
+
+
+def test_no_text_speaks_of_this_repo():
+    words = ("mtp-mask-fix", "mtp_mask_fix", "./run", ".work", "tiny model", "tinymodel")
+    assert {name: [w for w in words if w in text.lower()] for name, text in TEXTS.items()} == dict.fromkeys(TEXTS, [])
+
+
+def test_the_suggested_code_is_the_patchs():
+    fix, tests = _added(FIXED_FILE), _added(UPSTREAM_TEST)
+    assert fix.strip() and tests.strip() and fix in TEXTS["review-6105.md"] and tests in TEXTS["review-6105.md"]
+    assert re.sub(r"(?m)^(?=.)", "+", fix) in TEXTS["follow-up-6105-landed.md"]
+
+
+@pytest.fixture(scope="module")
+def upstream_checkout(request) -> Path:
+    """A Megatron-Bridge clone holding the patch's base-commit, its Megatron-LM submodule cloned too."""
+    where = request.config.getoption("--upstream-checkout", None) or os.environ.get("MTP_UPSTREAM_CHECKOUT")
+    if not where:
+        pytest.skip(f"needs --upstream-checkout DIR: a Megatron-Bridge clone with its {SUBMODULE}")
+    return Path(where)
+
+
+def _git(where: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_megatron_lm_links_name_the_commit_upstream_pins(upstream_checkout):
+    pin = _git(upstream_checkout, "rev-parse", f"{Patch.load().base_commit}:{SUBMODULE}").stdout.strip()
+    assert {link["rev"] for link in LINKS if link["repo"] == MEGATRON_LM} == {pin}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("url", sorted({link["url"] for link in LINKS}), ids=lambda url: url.split("/", 7)[-1])
+def test_a_link_shows_what_its_text_says(upstream_checkout, url):
+    link = next(link for link in LINKS if link["url"] == url)
+    rev, path, first, last = link["rev"], link["path"], link["first"], link["last"]
+    quotes = [quote for each in LINKS if each["url"] == url for quote in _quotes(each["text"])]  # in every text
+    clone = upstream_checkout / SUBMODULE if link["repo"] == MEGATRON_LM else upstream_checkout
+    absent = ABSENT.get(path, ())
+    if "/tree/" in url:  # a folder: it is there, and nothing in it holds what the text says it lacks
+        assert _git(clone, "ls-tree", "-d", rev, path).stdout.strip() and set(quotes) <= {path}
+        assert [word for word in absent if _git(clone, "grep", "-qiF", word, rev, "--", path).returncode == 0] == []
+        return
+    shown = _git(clone, "show", f"{rev}:{path}").stdout
+    if first:
+        shown = "\n".join(shown.splitlines()[int(first) - 1 : int(last or first)])
+        assert [quote for quote in quotes if " ".join(quote.split()) not in " ".join(shown.split())] == []
+    assert shown.strip() and [word for word in absent if word in shown.lower()] == []
