@@ -23,7 +23,7 @@ from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Kind, Target
 
 
-class Verdict(Enum):
+class Standing(Enum):
     """A target's line in the table, and the exit code it asks for."""
 
     PASS = ("PASS", Exit.OK)  # needed, applies, red on the base by assertion, green patched, every hunk needed
@@ -43,7 +43,7 @@ class Row:
     patched: Job | None = None
     without: list[Job] = field(default_factory=list)  # the patch with source hunk i + 1 left out
     touched: set[str] = field(default_factory=set)  # the upstream tests that the patch adds or changes
-    verdict: Verdict = Verdict.PASS
+    verdict: Standing = Standing.PASS
     notes: list[str] = field(default_factory=list)
     red: str = "-"
     green: str = "-"
@@ -132,7 +132,7 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     changes and that fail by assertion on the base (upstream's); every other test is PASS_TO_PASS."""
     base, patched = runs[row.base], runs[row.patched]
     if errors := base.collection_errors():
-        row.verdict, row.notes = Verdict.OTHER_ENVIRONMENT, errors[:1]
+        row.verdict, row.notes = Standing.OTHER_ENVIRONMENT, errors[:1]
         return
     red = [n for n in patched.outcomes if base.of(n) == Outcome.ASSERTION]
     touched = [n for n in red if n.split("[")[0] in row.touched]
@@ -145,7 +145,7 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
             row.notes.append(f"without source hunk {hunk} no FAIL_TO_PASS test goes red: that hunk is not needed")
     row.red = f"{len(set(red) & set(fail_to_pass))}/{len(fail_to_pass)}"
     row.green = f"{sum(patched.of(n) == Outcome.PASSED for n in patched.outcomes)}/{len(patched.outcomes)}"
-    row.verdict = Verdict.FAIL if row.notes else Verdict.PASS
+    row.verdict = Standing.FAIL if row.notes else Standing.PASS
 
 
 def sessions(rows: list[Row]) -> list[Job]:
@@ -173,7 +173,7 @@ def gate(targets: list[Target], patches: list[Patch], python: str = sys.executab
             rows.append(checkout_row(target, verdict.patch, upstream=judged.root))  # the tree just judged
         else:
             fixed, drifted = verdict.state.code == Exit.ALREADY_APPLIED, verdict.state == State.DRIFTED
-            standing = Verdict.RETIRE if fixed else Verdict.DRIFTED if drifted else Verdict.FAIL
+            standing = Standing.RETIRE if fixed else Standing.DRIFTED if drifted else Standing.FAIL
             rows.append(Row(target, verdict.patch, verdict=standing, notes=[str(verdict)]))
     if sessions(rows):
         print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)

@@ -69,11 +69,11 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
     if python:
         # Imported here, as cli imports gate: at module level its pytest import would widen the start-up window in
         # which a Ctrl-C, arriving before cli.main's signal handlers, prints a traceback.
-        from maintain.gate import Verdict, checkout_row, evaluate
+        from maintain.gate import Standing, checkout_row, evaluate
 
         row = checkout_row(upstream, Patch.parse(old.path, text), rev=f"{rev}^1")
         evaluate([row], python)
-        if row.verdict != Verdict.PASS:
+        if row.verdict != Standing.PASS:
             notes = row.notes[:3] + [f"{len(row.notes) - 3} more"] * (len(row.notes) > 3)
             raise ToolError(f"not written: the patch from {rev} does not hold: {'; '.join(notes)}", Exit.FAILED)
         held = f"red/green held on {upstream.label} ({row.red} red on the base, {row.green} green patched)"

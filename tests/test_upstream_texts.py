@@ -1,7 +1,6 @@
 """The texts in upstream/ for Megatron-Bridge's maintainers: every link pinned, the credit left to the poster, nothing
 of this repo in them, and (with an upstream checkout) each linked line range holding the code its link text quotes."""
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -80,15 +79,6 @@ def test_the_suggested_code_is_the_patchs():
     fix, tests = _added(FIXED_FILE), _added(UPSTREAM_TEST)
     assert fix.strip() and tests.strip() and fix in TEXTS["review-6105.md"] and tests in TEXTS["review-6105.md"]
     assert re.sub(r"(?m)^(?=.)", "+", fix) in TEXTS["follow-up-6105-landed.md"]
-
-
-@pytest.fixture(scope="module")
-def upstream_checkout(request) -> Path:
-    """A Megatron-Bridge clone holding the patch's base-commit, its Megatron-LM submodule cloned too."""
-    where = request.config.getoption("--upstream-checkout", None) or os.environ.get("MTP_UPSTREAM_CHECKOUT")
-    if not where:
-        pytest.skip(f"needs --upstream-checkout DIR: a Megatron-Bridge clone with its {SUBMODULE}")
-    return Path(where)
 
 
 def _git(where: Path, *args: str) -> subprocess.CompletedProcess:
