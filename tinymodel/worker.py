@@ -103,7 +103,8 @@ def _rendezvous(world: int) -> dict[str, str]:
 def _spawn(tree: Path, argv: list[str], world: int, out: Path) -> list[subprocess.Popen]:
     """One process a rank, TREE first on its import path, its output in out/rank<r>.log."""
     out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]), **_rendezvous(world))
+    path = os.pathsep.join(filter(None, [str(tree), str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, **_rendezvous(world))
     ranks = []
     for rank in range(world):
         with open(out / f"rank{rank}.log", "w") as log:

@@ -86,11 +86,19 @@ def start_early(session) -> None:
     EARLY["routes"] = ThreadPoolExecutor(1).submit(lambda: {version: _route(version) for version in versions})
 
 
-@pytest.fixture(scope="module")
+DONE = {}
+
+
+@pytest.fixture
 def routes(version):
+    """Every line's route run so far, this one's included."""
     if version == "main" and not UPSTREAM.get("checkout"):
         pytest.skip("needs --upstream-checkout DIR: a Megatron-Bridge clone (and --upstream-python its interpreter)")
-    return EARLY["routes"].result() if "routes" in EARLY else {version: _route(version)}
+    if "routes" in EARLY:
+        DONE.update(EARLY.pop("routes").result())
+    if version not in DONE:
+        DONE[version] = _route(version)
+    return DONE
 
 
 @pytest.mark.parametrize("version", ROUTES)
