@@ -22,6 +22,7 @@ from experiments import command
 from experiments.effect import role_means, step_one_figures
 from experiments.effect_arm import Plan
 from experiments.synthetic import BOS, ROLES
+from mtp_mask_fix.errors import Exit
 
 
 REPORT_URL = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/6103"
@@ -261,14 +262,15 @@ def _plot(figures: dict) -> bytes:
 TIMEOUT_S = 900
 
 
-def run(args) -> str:
+def run(args) -> tuple[str, Exit]:
     """`./run repro`: both sides, the tables; the figures and the plot into --out if given."""
     print(f"[repro] both sides, {len(args.seeds)} seeds: running", file=sys.stderr, flush=True)
     plan = Plan(seeds=args.seeds).to_json()
     arms = command.Arms("experiments.effect_arm:reproduce", command.trees(), {side: plan for side in SIDES}, TIMEOUT_S)
     figures = json.loads(json.dumps(figures_of(arms.wait())))
     files = {"figures.json": json.dumps(figures, indent=1).encode(), "mtp_ce_per_position.png": _plot(figures)}
-    return "\n".join(filter(None, [format_table(figures), command.write(args.out, files if args.out else {})]))
+    text = "\n".join(filter(None, [format_table(figures), command.write(args.out, files if args.out else {})]))
+    return text, Exit.OK
 
 
 def main(argv: list[str] | None = None) -> None:
