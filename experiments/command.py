@@ -56,7 +56,7 @@ def parser(prog: str, description: str, default_seeds: str) -> cli.Parser:
     """The shared arguments; a bad value is one `error:` line and exit 2."""
     out = cli.Parser(prog=prog, description=description)
     out.add_argument("--seeds", type=seeds, default=default_seeds, help=f"A-B or A,B,... (default {default_seeds})")
-    out.add_argument("--out", type=out_dir, metavar="DIR", help="write the figures (JSON) and the plot there")
+    out.add_argument("--out", type=out_dir, metavar="DIR", help="write the figures there (figures.json)")
     return out
 
 

@@ -23,7 +23,7 @@ figures.json (--out; every number measured in the run):
     pretrain              per seed: lm_loss_first, lm_loss_last, held-out lm_top1 and mtp_top1 (every position)
     settings.<setting>    per Bridge setting: description; conclusion (one line, Holm-adjusted); runs.<label> (the
                           arm that ran it, per seed: where; step_one: SFT step 1's figures, each per seed;
-                          final.<metric> and curves.teacher-forced: per seed, per evaluation step); step_one_mix
+                          final.<metric>, per seed; curves.logged-minus-true: per evaluation step); step_one_mix
                           (share of the MTP targets per role) and step_one_ce (MTP CE per role, per seed: the same in
                           every run); contrasts: [{name, family, control, treatment, <metric>:
                           experiments.stats.summary of the paired differences, PRIMARY's with its holm}];
@@ -210,10 +210,9 @@ def _setting_figures(name: str, pick, control: bool) -> dict:
             "final": {key: [f[key] for f in finals] for key in finals[0]},
             "curves": {
                 "steps": sorted(seeded[0][1]["evals"]),
-                **{
-                    key: [[of(r["evals"][s]) for _, r in seeded] for s in sorted(seeded[0][1]["evals"])]
-                    for key, of in (("teacher-forced", _teacher_forced), ("logged-minus-true", _logged_minus_true))
-                },
+                "logged-minus-true": [
+                    [_logged_minus_true(r["evals"][s]) for _, r in seeded] for s in sorted(seeded[0][1]["evals"])
+                ],
             },
         }
     first = next(iter(picked.values()))

@@ -148,7 +148,7 @@ class TestEffectFigures:
                 assert all(len(contrast[m]["values"]) == len(SEEDS) for m in effect.METRICS)  # None: none counted
             assert setting["conclusion"].startswith(f"{name}: ")
 
-    def test_tables_and_plot(self, figures):
+    def test_tables(self, figures):
         tables = effect.format_tables(figures)
         assert "size small (3 SFT steps), seeds 0-0 (n=1)" in tables
         for name, setting in figures["settings"].items():
