@@ -42,24 +42,13 @@ from tinymodel.reference import loss_mass_on_masked
 
 
 PRIMARY = "tokens-per-step"
-METRICS = {  # id: what it is (each over the same held-out prompts, after the last SFT step)
-    PRIMARY: "accepted tokens per verify step (k=1 MTP draft; the primary endpoint)",
-    "acceptance-without-eos": "acceptance of the drafts, the closing EOS's draft left out",
-    "acceptance": "acceptance of every draft",
-    "teacher-forced": "teacher-forced MTP top-1 on the answers (not a speed-up)",
-}
-SHORT = {  # row labels
+METRICS = {  # id: row label; each over the same held-out prompts, after the last SFT step (experiments/PLAN.md)
     PRIMARY: "tokens per verify step",
     "acceptance-without-eos": "acceptance without the EOS draft",
     "acceptance": "acceptance",
     "teacher-forced": "teacher-forced top-1",
-    "eos-share": "EOS drafts / drafts",
-    "answer-tokens": "tokens per answer",
 }
-DESCRIPTIVE = {  # per run, no contrast
-    "eos-share": "share of the drafts that draft the closing EOS",
-    "answer-tokens": "tokens per greedy answer (its EOS included)",
-}
+DESCRIPTIVE = {"eos-share": "EOS drafts / drafts", "answer-tokens": "tokens per answer"}  # per run, no contrast
 STEP_ONE = {
     "mtp_1_loss": "mtp_1 loss (logged)",
     "grad_norm": "grad norm",
@@ -70,14 +59,7 @@ STEP_ONE = {
 SIZES = {  # Plan fields per size, over Plan's defaults (`./run effect`: "short")
     "short": {},
     "plateau": {"sft_steps": 600, "eval_every": 100},
-    "small": {
-        "pretrain_steps": 8,
-        "sft_steps": 3,
-        "eval_every": 3,
-        "eval_batches": 1,
-        "batch": 8,
-        "pretrain_batch": 8,
-    },
+    "small": dict(pretrain_steps=8, sft_steps=3, eval_every=3, eval_batches=1, batch=8, pretrain_batch=8),
 }
 TIMEOUT_S = {"small": 300, "short": 900, "plateau": 7200}  # an arm still running then is killed (the worker's rule)
 BRIDGE = (*(f"same-language {cell}" for cell in CELLS), "distinct-answers", "padding-only")  # run by both arms
@@ -86,13 +68,7 @@ FIX = ("the fix", "unpatched", "patched", "the fix", "primary")
 SPLIT = "no padding in MTP"
 # Per Bridge setting: its runs (label: the arm that made it and the setting it ran; None: either arm), and its
 # contrasts (name, control, treatment, what the treatment is, Holm family).
-VIEWS = {
-    name: {
-        "runs": {"unpatched": ("unpatched", name), "patched": ("patched", name)},
-        "contrasts": [FIX],
-    }
-    for name in BRIDGE
-} | {
+VIEWS = {name: {"runs": {arm: (arm, name) for arm in command.ARMS}, "contrasts": [FIX]} for name in BRIDGE} | {
     f"same-language {cell}": {
         "runs": {
             "unpatched": ("unpatched", f"same-language {cell}"),
@@ -144,11 +120,6 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None  # None: nothing counted (e.g. no draft: every greedy answer ended at once)
 
 
-def _teacher_forced(sums: dict) -> float | None:
-    """MTP depth-1 top-1 on the answer targets of one evaluation."""
-    return _ratio(sums["mtp_answer_hits"], sums["mtp_answer_counted"])
-
-
 def _logged_minus_true(sums: dict) -> float:
     """Core's logged acceptance minus MTP depth-1 top-1 on the loss positions (what it logs with the mask)."""
     return sums["logged_acceptance"] - _ratio(sums["mtp_hits"], sums["mtp_counted"])
@@ -163,7 +134,7 @@ def final_metrics(run: dict) -> dict[str, float | None]:
             spec["accepted"] - spec["eos_accepted"], spec["proposed"] - spec["eos_proposed"]
         ),
         "acceptance": _ratio(spec["accepted"], spec["proposed"]),
-        "teacher-forced": _teacher_forced(last),
+        "teacher-forced": _ratio(last["mtp_answer_hits"], last["mtp_answer_counted"]),
         "eos-share": _ratio(spec["eos_proposed"], spec["proposed"]),
         "answer-tokens": _ratio(spec["tokens"] + spec["answers"], spec["answers"]),
         "logged-minus-true": _logged_minus_true(last),
@@ -186,11 +157,8 @@ def step_one_figures(step: dict) -> dict[str, float]:
 
 def role_means(step: dict) -> dict[str, float | None]:
     """Step 1's MTP depth-1 CE, mean over the targets of each role (before the first update: weights as loaded)."""
-    out = {}
-    for i, role in enumerate(ROLES):
-        where = step["target_role"] == i
-        out[role] = float(step["mtp_ce"][where].mean()) if where.any() else None
-    return out
+    where = {role: step["target_role"] == i for i, role in enumerate(ROLES)}
+    return {role: float(step["mtp_ce"][at].mean()) if at.any() else None for role, at in where.items()}
 
 
 def _setting_figures(name: str, pick, control: bool) -> dict:
@@ -287,12 +255,7 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
         "seeds": seeds,
         "plan": {k: v for k, v in plan.items() if k != "runs"},
         "metrics": METRICS | DESCRIPTIVE,
-        "model": {
-            "spec": "megatron-core GPTModel, local spec + MTP block, fp32, CPU; SFT steps via Bridge's forward_step",
-            "parameters": pretrain[0]["num_parameters"],
-            "mtp_num_layers": pretrain[0]["mtp_num_layers"],
-            "mtp_loss_scaling_factor": pretrain[0]["mtp_loss_scaling_factor"],
-        },
+        "model": {key: pretrain[0][key] for key in ("num_parameters", "mtp_num_layers", "mtp_loss_scaling_factor")},
         "arms": {
             arm: {
                 "tree": str(trees[arm]),
@@ -309,8 +272,10 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
                         ("fine_tuned_weights_sha256", "weights_sha256"),
                     )
                 },
-                **{key: payloads[arm][key] for key in ("pretrain_seconds", "fine_tune_seconds", "cpu_seconds")},
-                "peak_rss_mib": payloads[arm]["peak_rss_mib"],
+                **{
+                    k: payloads[arm][k]
+                    for k in ("pretrain_seconds", "fine_tune_seconds", "cpu_seconds", "peak_rss_mib")
+                },
             }
             for arm in command.ARMS
         },
@@ -329,13 +294,8 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
             if key in by_arm["unpatched"] and key[0] in SHARED
         ],
         "pretrain": [
-            {
-                "seed": seed,
-                "lm_loss_first": p["lm_loss_first"],
-                "lm_loss_last": p["lm_loss_last"],
-                "lm_top1": _ratio(p["held_out"]["lm_hits"], p["held_out"]["lm_counted"]),
-                "mtp_top1": _ratio(p["held_out"]["mtp_hits"], p["held_out"]["mtp_counted"]),
-            }
+            {"seed": seed, "lm_loss_first": p["lm_loss_first"], "lm_loss_last": p["lm_loss_last"]}
+            | {f"{h}_top1": _ratio(p["held_out"][f"{h}_hits"], p["held_out"][f"{h}_counted"]) for h in ("lm", "mtp")}
             for seed, p in zip(seeds, pretrain)
         ],
         "settings": settings,
@@ -356,7 +316,7 @@ def run_label(figures: dict) -> str:
     listed = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
     return (
         f"size {figures['size']} ({plan['sft_steps']} SFT steps), seeds {listed} (n={len(seeds)}), "
-        f"tiny model ({figures['model']['parameters']} parameters)"
+        f"tiny model ({figures['model']['num_parameters']} parameters)"
         + (", control: the release in both arms" if figures["control"] else "")
     )
 
@@ -371,8 +331,8 @@ def format_tables(figures: dict) -> str:
         f"{_mean([p['lm_loss_first'] for p in pre])} -> {_mean([p['lm_loss_last'] for p in pre])}, held-out top-1 LM "
         f"{_mean([p['lm_top1'] for p in pre])}, MTP {_mean([p['mtp_top1'] for p in pre])} (mean over seeds); same "
         f"pretrained weights in both arms: {figures['same_pretrained_weights']}, same data: {figures['same_data']}",
-        f"after {plan['sft_steps']} SFT steps, on {plan['eval_batches'] * plan['batch']} held-out prompts per run:",
-        *(f"  {SHORT.get(m, m)}: {label}" for m, label in figures["metrics"].items()),
+        f"after {plan['sft_steps']} SFT steps, on {plan['eval_batches'] * plan['batch']} held-out prompts per run; the "
+        "primary endpoint: accepted tokens per verify step, the MTP head a k=1 drafter (experiments/PLAN.md)",
     ]
     width, cell = 44, 19
     for name, data in figures["settings"].items():
@@ -389,21 +349,18 @@ def format_tables(figures: dict) -> str:
         for key, label in STEP_ONE.items():
             lines.append(row(label, [_mean(data["runs"][r]["step_one"][key]) for r in labels]))
         lines += [f"after {plan['sft_steps']} SFT steps (mean over seeds)", head]
-        for metric in figures["metrics"]:
-            lines.append(row(SHORT.get(metric, metric), [_mean(data["runs"][r]["final"][metric]) for r in labels]))
+        for metric, label in figures["metrics"].items():
+            lines.append(row(label, [_mean(data["runs"][r]["final"][metric]) for r in labels]))
         for c in data["contrasts"]:
             lines.append(f"{c['treatment']} - {c['control']} ({c['name']}), paired by seed: mean [95 % t, unadjusted]")
-            for metric in METRICS:
-                lines.append(f"  {SHORT[metric]:{width - 2}}{stats.interval(c[metric])}; {stats.signs(c[metric])}")
-        if data["logged_minus_true"]:
-            lines.append(
-                "logged minus true acceptance (core's mtp_1_acceptance_rate - MTP top-1 on the loss positions):"
-            )
+            for metric, label in METRICS.items():
+                lines.append(f"  {label:{width - 2}}{stats.interval(c[metric])}; {stats.signs(c[metric])}")
+        lines.append("logged minus true acceptance (core's mtp_1_acceptance_rate - MTP top-1 on the loss positions):")
         for label, s in data["logged_minus_true"].items():
             lines.append(f"  {label:{width - 2}}{stats.interval(s)}; {stats.signs(s, 'above 0', 'below 0')}")
     lines += [
         "",
-        f"== {SHORT[PRIMARY]}, Holm at family-wise {stats.ALPHA} over the fix in every setting and, apart, over the "
+        f"== {METRICS[PRIMARY]}, Holm at family-wise {stats.ALPHA} over the fix in every setting and, apart, over the "
         "padding's and the prompt's parts (experiments/PLAN.md): verdict, mean [Holm-adjusted interval]",
         *(f"-> {data['conclusion']}" for data in figures["settings"].values()),
     ]

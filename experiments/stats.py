@@ -14,14 +14,8 @@ DIGITS = 3  # what the tables print
 
 
 def summary(values: list[float | None]) -> dict:
-    """Mean, sd (n - 1), the two-sided one-sample t-test's p-value and the 95 % t-interval of the values that exist.
-
-    Args:
-        values: one value per seed; None where the seed has none.
-
-    Returns:
-        The values, n, mean, sd, p and ci95 (None from fewer than MIN_SEEDS values), and how many are above and below 0.
-    """
+    """The values (None: a seed without one), and of those that exist n, mean, sd, the two-sided t-test's p, the 95 %
+    t-interval (p and ci95 None from fewer than MIN_SEEDS) and how many are above and below 0."""
     from scipy.stats import t
 
     defined = [v for v in values if v is not None]

@@ -158,23 +158,15 @@ class TestEffectFigures:
 
 def test_a_contrast_that_negates_an_earlier_one_is_printed_once():
     """With the fix exactly 0 the prompt's part is the padding's part negated: one verdict says both."""
-    fix, padding, prompt = (
-        {"name": n, "what": n, effect.PRIMARY: stats.summary(v)}
-        for n, v in (
-            ("fix", [0.0] * 5),
-            ("padding", [0.1, -0.2, 0.3, 0.1, 0.2]),
-            ("prompt", [-0.1, 0.2, -0.3, -0.1, -0.2]),
-        )
-    )
-    stats.holm([fix[effect.PRIMARY], padding[effect.PRIMARY], prompt[effect.PRIMARY]])
-    assert [
-        effect.negative_of(c, earlier) for c, earlier in ((fix, []), (padding, [fix]), (prompt, [fix, padding]))
-    ] == [None, None, "padding"]
-    assert effect.negative_of(fix, [{**fix, "name": "zero"}]) is None  # zeros negate zeros: not a duplicate
-    for c, earlier in ((fix, []), (padding, [fix]), (prompt, [fix, padding])):
-        c["negative_of"] = effect.negative_of(c, earlier)
-    line = effect.conclusion("cell", [fix, padding, prompt])
-    assert line.count("no difference") == 2 and "prompt: the exact negative of padding in every seed" in line
+    values = {"fix": [0.0] * 5, "zero": [0.0] * 5, "padding": [0.1, -0.2, 0.3, 0.1, 0.2]}
+    contrasts = [{"name": n, "what": n, effect.PRIMARY: stats.summary(v)} for n, v in values.items()]
+    contrasts.append({"name": "prompt", "what": "x", effect.PRIMARY: stats.summary([-v for v in values["padding"]])})
+    stats.holm([c[effect.PRIMARY] for c in contrasts])
+    for i, c in enumerate(contrasts):
+        c["negative_of"] = effect.negative_of(c, contrasts[:i])
+    assert [c["negative_of"] for c in contrasts] == [None, None, None, "padding"]  # zeros negate zeros: no duplicate
+    line = effect.conclusion("cell", contrasts)
+    assert line.count("no difference") == 3 and "prompt: the exact negative of padding in every seed" in line
 
 
 def _logits(tokens: torch.Tensor, table: dict) -> torch.Tensor:
@@ -207,37 +199,17 @@ class TestSpeculative:
         roles = torch.tensor([[ROLES.index("prompt")] * 3 + [ROLES.index("answer")] * 5])
         model = SimpleNamespace(eval=lambda: None, train=lambda: None)
         sums = training.speculative(model, [{"tokens": tokens, "roles": roles}], 6, forward=self._forward)
-        assert sums == {
-            "answers": 1,
-            "steps": 2,
-            "tokens": 3,
-            "proposed": 2,
-            "accepted": 2,
-            "eos_proposed": 1,
-            "eos_accepted": 1,
-        }
+        assert sums == dict(answers=1, steps=2, tokens=3, proposed=2, accepted=2, eos_proposed=1, eos_accepted=1)
 
     def test_verify_steps(self):
         """hits[i]: the draft of token i + 2 is right. A rejected draft yields one token; an accepted one two."""
-        assert training.verify_steps([False, False, False], True) == {
-            "answers": 1,
-            "steps": 3,
-            "tokens": 3,
-            "proposed": 3,
-            "accepted": 0,
-            "eos_proposed": 1,
-            "eos_accepted": 0,
-        }
+        assert training.verify_steps([False, False, False], True) == dict(
+            answers=1, steps=3, tokens=3, proposed=3, accepted=0, eos_proposed=1, eos_accepted=0
+        )
         # tokens 2 right (yields 2, 3), 4 wrong (yields 4), 5 right (yields 5, 6); 6 is not an EOS
-        assert training.verify_steps([True, True, False, True, False], False) == {
-            "answers": 1,
-            "steps": 3,
-            "tokens": 5,
-            "proposed": 3,
-            "accepted": 2,
-            "eos_proposed": 0,
-            "eos_accepted": 0,
-        }
+        assert training.verify_steps([True, True, False, True, False], False) == dict(
+            answers=1, steps=3, tokens=5, proposed=3, accepted=2, eos_proposed=0, eos_accepted=0
+        )
         assert training.verify_steps([], True)["steps"] == 0  # the answer is the EOS alone: no verify step
 
 
