@@ -98,17 +98,18 @@ def plans(size: str, seeds: tuple[int, ...], control: bool = False) -> dict[str,
     return {arm: Plan(seeds=seeds, runs=tuple(runs[arm]), **SIZES[size]) for arm in command.ARMS}
 
 
-def start_effect(size: str, seeds: tuple[int, ...], trees: dict | None = None) -> command.Arms:
+def start_effect(size: str, seeds: tuple[int, ...], trees: dict | None = None, control: bool = False) -> command.Arms:
     """Both arms started, not awaited (finish_effect takes them). ``trees``: default the release and the view."""
     trees = trees or command.trees()
-    control = trees["unpatched"] == trees["patched"]
+    if control:
+        trees = dict.fromkeys(command.ARMS, trees["unpatched"])
     arm_plans = {a: p.to_json() for a, p in plans(size, seeds, control).items()}
     return command.Arms("experiments.effect_arm:measure", trees, arm_plans, TIMEOUT_S[size])
 
 
-def finish_effect(arms: command.Arms, size: str) -> dict:
+def finish_effect(arms: command.Arms, size: str, control: bool = False) -> dict:
     """Wait for both arms; the figures, as figures.json holds them."""
-    figures = figures_of(size, arms.trees, arms.wait())
+    figures = figures_of(size, arms.trees, arms.wait(), control)
     figures["wall_seconds"] = arms.seconds()
     return json.loads(json.dumps(figures))  # exactly what the file holds (tuples become lists)
 
@@ -232,7 +233,7 @@ def conclusion(name: str, contrasts: list[dict]) -> str:
     return f"{name}: " + " | ".join(parts)
 
 
-def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
+def figures_of(size: str, trees: dict, payloads: dict[str, dict], control: bool) -> dict:
     """The figures (format: this module's docstring) from each arm's raw payload."""
     plan = payloads["unpatched"]["plan"]
     seeds = plan["seeds"]
@@ -242,7 +243,6 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
         arms = command.ARMS if arm is None else (arm,)
         return [next((a, by_arm[a][(setting, s)]) for a in arms if (setting, s) in by_arm[a]) for s in seeds]
 
-    control = trees["unpatched"] == trees["patched"]
     settings = {name: _setting_figures(name, pick, control) for name in BRIDGE}
     for family in ("primary", "split"):
         stats.holm([c[PRIMARY] for data in settings.values() for c in data["contrasts"] if c["family"] == family])
@@ -383,10 +383,7 @@ def run(args) -> tuple[str, Exit]:
     """`./run effect`: both arms and the tables, the figures into --out if given; exit 5 where a control differs."""
     size = "plateau" if args.plateau else "short"
     print(f"[effect] both arms, {len(args.seeds)} seeds, size {size}: running", file=sys.stderr, flush=True)
-    trees = command.trees()
-    if args.control:
-        trees["patched"] = trees["unpatched"]
-    figures = finish_effect(start_effect(size, args.seeds, trees), size)
+    figures = finish_effect(start_effect(size, args.seeds, control=args.control), size, args.control)
     verdicts = [stats.verdict(c[PRIMARY], c["what"]) for d in figures["settings"].values() for c in d["contrasts"]]
     differs = len(verdicts) - verdicts.count("no difference")
     control = f"control: {differs} of {len(verdicts)} contrasts say other than 'no difference'" * figures["control"]

@@ -316,14 +316,16 @@ class TestCommands:
                 c[effect.PRIMARY] = stats.summary([0.0] * 5)
             stats.holm([c[effect.PRIMARY] for c in contrasts])
         mocker.patch.object(command, "trees", return_value={"unpatched": BASE, "patched": VIEW})
-        mocker.patch.object(effect, "start_effect")
+        mocker.patch.object(command, "Arms")
         mocker.patch.object(effect, "finish_effect", return_value=control | {"control": True})
         with pytest.raises(SystemExit) as exit_:
             effect.main(["--control"])
         out = capsys.readouterr().out
         assert exit_.value.code == code and "control: the release in both arms" in out
         assert f"control: {0 if zeroed else len(contrasts)} of {len(contrasts)} contrasts" in out
-        assert effect.start_effect.call_args.args[2] == {arm: BASE for arm in command.ARMS}
+        assert command.Arms.call_args.args[1] == {arm: BASE for arm in command.ARMS}
+        plans = [json.loads(plan)["runs"] for plan in command.Arms.call_args.args[2].values()]
+        assert all(list(runs) == list(effect.BRIDGE) for arm in plans for runs in arm)  # the arms' contrasts only
 
     def test_seeds(self):
         assert command.seeds("10-19") == tuple(range(10, 20))
