@@ -86,8 +86,7 @@ VIEWS = {name: {"runs": {arm: (arm, name) for arm in command.ARMS}, "contrasts":
 
 
 def plans(size: str, seeds: tuple[int, ...], control: bool = False) -> dict[str, Plan]:
-    """Each arm's plan: every Bridge setting per seed, and half the shared ones (all of them in the small run: the
-    suite compares them; none in a control, which contrasts the arms only)."""
+    """Each arm's plan, every Bridge setting per seed and half the shared ones (all in the small run, none in a control)."""
     runs = {
         arm: [
             BRIDGE + tuple(s for k, s in enumerate(SHARED) if not control and (size == "small" or (i + k) % 2 == j))
@@ -163,8 +162,13 @@ def role_means(step: dict) -> dict[str, float | None]:
 
 
 def _setting_figures(name: str, pick, control: bool) -> dict:
-    """One setting's runs and contrasts (a control's: the arms' only); ``pick(arm, setting)``: per seed, that arm's
-    run (None: either arm's)."""
+    """One setting's runs and contrasts, a control's contrasting the arms only.
+
+    Args:
+        name: the Bridge setting.
+        pick: ``pick(arm, setting)`` gives per seed that arm's run of the setting (arm None: either arm's).
+        control: both arms ran the release.
+    """
     view = VIEWS[name]
     if control:
         view = {"runs": {k: v for k, v in view["runs"].items() if v[0]}, "contrasts": [FIX]}

@@ -53,11 +53,9 @@ def paired(control: list[float | None], treatment: list[float | None]) -> dict:
 
 
 def holm(family: list[dict]) -> None:
-    """Add to each summary of the family its Holm-adjusted p-value and the interval at the level Holm tests it at.
-
-    The contrast of rank j (p ascending) is tested at ALPHA / (m - j + 1) until the first one not rejected (rank k);
-    from there on every interval is at k's level, so each adjusted interval excludes 0 exactly when Holm rejects.
-    """
+    """Add to each summary of the family its Holm-adjusted p-value and the interval at the level Holm tests it at."""
+    # Rank j (p ascending) is tested at ALPHA / (m - j + 1) until the first one not rejected (rank k); from there on
+    # every interval is at k's level, so each adjusted interval excludes 0 exactly when Holm rejects.
     ranked = sorted(family, key=lambda s: 1.0 if s["p"] is None else s["p"])
     adjusted, stop = 0.0, None
     for rank, s in enumerate(ranked, 1):
