@@ -15,7 +15,6 @@ from pathlib import Path
 
 from maintain.repo import VIEW, pins, release
 from mtp_mask_fix import cli
-from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.journal import write_atomic
 from mtp_mask_fix.signals import held
 from tinymodel.worker import Launch, Started
@@ -57,7 +56,7 @@ def parser(prog: str, description: str, default_seeds: str) -> cli.Parser:
     """The shared arguments; a bad value is one `error:` line and exit 2."""
     out = cli.Parser(prog=prog, description=description)
     out.add_argument("--seeds", type=seeds, default=default_seeds, help=f"A-B or A,B,... (default {default_seeds})")
-    out.add_argument("--out", type=out_dir, metavar="DIR", help="write the figures (JSON) and the plot there")
+    out.add_argument("--out", type=out_dir, metavar="DIR", help="write the figures there (figures.json)")
     return out
 
 
@@ -108,6 +107,7 @@ def write(out: Path | None, files: dict[str, bytes]) -> str:
 
 
 def main(parser: cli.Parser, run, argv: list[str] | None = None) -> None:
-    """Parse, then ``run(args)`` (returns what to print); one line and its exit code for a refusal or a signal."""
-    parser.set_defaults(func=lambda args: (run(args), Exit.OK))
+    """Parse, then ``run(args)`` (returns what to print and the exit code); one line and its code for a refusal or a
+    signal."""
+    parser.set_defaults(func=run)
     cli.main(sys.argv[1:] if argv is None else argv, parser=parser)

@@ -1,23 +1,19 @@
-"""What the bug costs the MTP head as a drafter: per seed the same pretraining, then SFT in four settings, the
-release as shipped against the release + patch, measured by speculative decoding on held-out prompts.
+"""What the bug costs the MTP head as a drafter: per seed the same pretraining, then SFT in the settings of
+experiments/PLAN.md, the release as shipped against the release + patch, measured by speculative decoding.
 
-    ./run effect [--seeds A-B] [--out DIR]   seeds 0-9 x 4 settings, a short SFT (<= 4 min on 2 cores)
-    ./run effect --plateau                   the same, SFT to a plateau (prints its time)
+    ./run effect [--seeds A-B] [--out DIR]   seeds 0-9, a short SFT (<= 8 min on 2 cores; prints its time)
+    ./run effect --control                   the release in both arms: every contrast must say "no difference"
+    ./run effect --plateau                   the same, SFT to a plateau
 
-Primary endpoint, fixed before any run: accepted tokens per verify step of greedy speculative decoding with the MTP
-head as a k=1 drafter (experiments.training.speculative), patched - unpatched, paired by seed. Alongside: the
-acceptance of the drafts without the closing EOS's draft (which saves no step), the acceptance of all drafts, the
-teacher-forced MTP top-1 on the answers (a prediction from the reference's prefix, not a speed-up), and per arm the
-logged minus the true acceptance (core's mtp_1_acceptance_rate against MTP top-1 on the loss positions).
-
-Each arm is a process with its own tree first on the import path (experiments.effect_arm says what it does). The
-setting `no-padding-mtp` gives the model an MTP mask of its own (prompt and answer, never padding), so it does not
-depend on the tree; its runs are split between the two processes by seed, and the suite checks that both trees give
-it bit-identical weights. Every figure is measured in the run; nothing here asserts what the effect is.
+The analysis (endpoints, the factorial, the Holm families, the verdict words) is experiments/PLAN.md's. Each arm is
+a process with its own tree first on the import path (experiments.effect_arm says what it does). The settings
+`no-padding-mtp <cell>` give the model an MTP mask of their own (prompt and answer, never padding), so they do not
+depend on the tree; their runs are split between the two processes, and the suite checks that both trees give them
+bit-identical weights. Every figure is measured in the run; nothing here asserts what the effect is.
 
 figures.json (--out; every number measured in the run):
 
-    size ("short" | "plateau" | "small"), seeds, plan, model, wall_seconds, metrics (id: label; PRIMARY first)
+    size ("short" | "plateau" | "small"), control, seeds, plan, model, wall_seconds, metrics (id: label; PRIMARY first)
     arms.<arm>            "unpatched" (the release as shipped) | "patched" (the tree under test): tree, gpt_step_file,
                           runs (per seed, the settings it ran), pretrained_weights_sha256 (per seed),
                           sft_data_sha256 / fine_tuned_weights_sha256 (per setting, per seed: null where not run),
@@ -25,44 +21,34 @@ figures.json (--out; every number measured in the run):
     same_pretrained_weights, same_data   both arms started from equal weights and saw equal batches (hashes)
     shared_runs_equal     for a run both arms made (a setting whose MTP mask is the experiment's): equal weights
     pretrain              per seed: lm_loss_first, lm_loss_last, held-out lm_top1 and mtp_top1 (every position)
-    settings.<setting>    description; conclusion (one line, from the intervals); runs.<label> (the arm that ran it,
-                          per seed: where; step_one: SFT step 1's figures, each per seed; final.<metric> and
-                          curves.teacher-forced: per seed, per evaluation step); step_one_mix (share of the MTP
-                          targets per role) and step_one_ce (MTP CE per role, per seed: the same in every run);
-                          contrasts: [{name, control, treatment, <metric>: experiments.stats.summary of the paired
-                          differences}]; logged_minus_true.<label>: summary over seeds (the Bridge arms only)
+    settings.<setting>    per Bridge setting: description; conclusion (one line, Holm-adjusted); runs.<label> (the
+                          arm that ran it, per seed: where; step_one: SFT step 1's figures, each per seed;
+                          final.<metric>, per seed; curves.logged-minus-true: per evaluation step); step_one_mix
+                          (share of the MTP targets per role) and step_one_ce (MTP CE per role, per seed: the same in
+                          every run); contrasts: [{name, family, control, treatment, <metric>:
+                          experiments.stats.summary of the paired differences, PRIMARY's with its holm}];
+                          logged_minus_true.<label>: summary over seeds (the Bridge arms only)
 """
 
 import json
-import math
 import statistics
 import sys
 
 from experiments import command, stats
-from experiments.effect_arm import SETTINGS, Plan
+from experiments.effect_arm import CELLS, SETTINGS, Plan
 from experiments.synthetic import ROLES
+from mtp_mask_fix.errors import Exit
 from tinymodel.reference import loss_mass_on_masked
 
 
 PRIMARY = "tokens-per-step"
-METRICS = {  # id: what it is (each over the same held-out prompts, after the last SFT step)
-    PRIMARY: "accepted tokens per verify step (k=1 MTP draft; the primary endpoint)",
-    "acceptance-without-eos": "acceptance of the drafts, the closing EOS's draft left out",
-    "acceptance": "acceptance of every draft",
-    "teacher-forced": "teacher-forced MTP top-1 on the answers (not a speed-up)",
-}
-SHORT = {  # row labels
+METRICS = {  # id: row label; each over the same held-out prompts, after the last SFT step (experiments/PLAN.md)
     PRIMARY: "tokens per verify step",
     "acceptance-without-eos": "acceptance without the EOS draft",
     "acceptance": "acceptance",
     "teacher-forced": "teacher-forced top-1",
-    "eos-share": "EOS drafts / drafts",
-    "answer-tokens": "tokens per answer",
 }
-DESCRIPTIVE = {  # per run, no contrast
-    "eos-share": "share of the drafts that draft the closing EOS",
-    "answer-tokens": "tokens per greedy answer (its EOS included)",
-}
+DESCRIPTIVE = {"eos-share": "EOS drafts / drafts", "answer-tokens": "tokens per answer"}  # per run, no contrast
 STEP_ONE = {
     "mtp_1_loss": "mtp_1 loss (logged)",
     "grad_norm": "grad norm",
@@ -73,63 +59,56 @@ STEP_ONE = {
 SIZES = {  # Plan fields per size, over Plan's defaults (`./run effect`: "short")
     "short": {},
     "plateau": {"sft_steps": 600, "eval_every": 100},
-    "small": {
-        "pretrain_steps": 8,
-        "sft_steps": 3,
-        "eval_every": 3,
-        "eval_batches": 1,
-        "batch": 8,
-        "pretrain_batch": 8,
-    },
+    "small": dict(pretrain_steps=8, sft_steps=3, eval_every=3, eval_batches=1, batch=8, pretrain_batch=8),
 }
 TIMEOUT_S = {"small": 300, "short": 900, "plateau": 7200}  # an arm still running then is killed (the worker's rule)
-BRIDGE = ("same-language", "distinct-answers", "padding-only")  # what the tree decides: run by both arms
-SHARED = "no-padding-mtp"  # what the experiment decides: run by one arm per seed (by both in the suite's small run)
-# Per setting: its runs (label: the arm that made it and the setting it ran; None: either arm) and its contrasts
-# (name, control, treatment, what the treatment is).
-VIEWS = {
-    **{
-        name: {
-            "runs": {arm: (arm, name) for arm in command.ARMS},
-            "contrasts": [("the fix", "unpatched", "patched", "the fix")],
-        }
-        for name in BRIDGE
-    },
-    SHARED: {
+BRIDGE = (*(f"same-language {cell}" for cell in CELLS), "distinct-answers", "padding-only")  # run by both arms
+SHARED = tuple(f"no-padding-mtp {cell}" for cell in CELLS)  # its MTP mask is the experiment's: run by either arm
+FIX = ("the fix", "unpatched", "patched", "the fix", "primary")
+SPLIT = "no padding in MTP"
+# Per Bridge setting: its runs (label: the arm that made it and the setting it ran; None: either arm), and its
+# contrasts (name, control, treatment, what the treatment is, Holm family).
+VIEWS = {name: {"runs": {arm: (arm, name) for arm in command.ARMS}, "contrasts": [FIX]} for name in BRIDGE} | {
+    f"same-language {cell}": {
         "runs": {
-            "unpatched": ("unpatched", "same-language"),
-            "no padding in MTP": (None, SHARED),
-            "patched": ("patched", "same-language"),
+            "unpatched": ("unpatched", f"same-language {cell}"),
+            SPLIT: (None, shared),
+            "patched": ("patched", f"same-language {cell}"),
         },
         "contrasts": [
-            ("padding out of the MTP loss", "unpatched", "no padding in MTP", "masking the padding"),
-            ("prompt out of the MTP loss", "no padding in MTP", "patched", "masking the prompt"),
+            FIX,
+            ("padding's part", "unpatched", SPLIT, "masking the padding", "split"),
+            ("prompt's part", SPLIT, "patched", "masking the prompt", "split"),
         ],
-    },
+    }
+    for cell, shared in zip(CELLS, SHARED)
 }
 
 
-def plans(size: str, seeds: tuple[int, ...]) -> dict[str, Plan]:
-    """Each arm's plan: every Bridge setting per seed, and the shared setting for every other seed (both, in the
-    small run: the suite compares them)."""
-    runs = {arm: [] for arm in command.ARMS}
-    for i, _ in enumerate(seeds):
-        for j, arm in enumerate(command.ARMS):
-            shared = (SHARED,) if size == "small" or i % 2 == j else ()
-            runs[arm].append(BRIDGE + shared)
+def plans(size: str, seeds: tuple[int, ...], control: bool = False) -> dict[str, Plan]:
+    """Each arm's plan, every Bridge setting per seed and half the shared ones (all in the small run, none in a control)."""
+    runs = {
+        arm: [
+            BRIDGE + tuple(s for k, s in enumerate(SHARED) if not control and (size == "small" or (i + k) % 2 == j))
+            for i, _ in enumerate(seeds)
+        ]
+        for j, arm in enumerate(command.ARMS)
+    }
     return {arm: Plan(seeds=seeds, runs=tuple(runs[arm]), **SIZES[size]) for arm in command.ARMS}
 
 
-def start_effect(size: str, seeds: tuple[int, ...], trees: dict | None = None) -> command.Arms:
+def start_effect(size: str, seeds: tuple[int, ...], trees: dict | None = None, control: bool = False) -> command.Arms:
     """Both arms started, not awaited (finish_effect takes them). ``trees``: default the release and the view."""
     trees = trees or command.trees()
-    arm_plans = {a: p.to_json() for a, p in plans(size, seeds).items()}
+    if control:
+        trees = dict.fromkeys(command.ARMS, trees["unpatched"])
+    arm_plans = {a: p.to_json() for a, p in plans(size, seeds, control).items()}
     return command.Arms("experiments.effect_arm:measure", trees, arm_plans, TIMEOUT_S[size])
 
 
-def finish_effect(arms: command.Arms, size: str) -> dict:
+def finish_effect(arms: command.Arms, size: str, control: bool = False) -> dict:
     """Wait for both arms; the figures, as figures.json holds them."""
-    figures = figures_of(size, arms.trees, arms.wait())
+    figures = figures_of(size, arms.trees, arms.wait(), control)
     figures["wall_seconds"] = arms.seconds()
     return json.loads(json.dumps(figures))  # exactly what the file holds (tuples become lists)
 
@@ -139,11 +118,6 @@ def finish_effect(arms: command.Arms, size: str) -> dict:
 
 def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None  # None: nothing counted (e.g. no draft: every greedy answer ended at once)
-
-
-def _teacher_forced(sums: dict) -> float | None:
-    """MTP depth-1 top-1 on the answer targets of one evaluation."""
-    return _ratio(sums["mtp_answer_hits"], sums["mtp_answer_counted"])
 
 
 def _logged_minus_true(sums: dict) -> float:
@@ -160,7 +134,7 @@ def final_metrics(run: dict) -> dict[str, float | None]:
             spec["accepted"] - spec["eos_accepted"], spec["proposed"] - spec["eos_proposed"]
         ),
         "acceptance": _ratio(spec["accepted"], spec["proposed"]),
-        "teacher-forced": _teacher_forced(last),
+        "teacher-forced": _ratio(last["mtp_answer_hits"], last["mtp_answer_counted"]),
         "eos-share": _ratio(spec["eos_proposed"], spec["proposed"]),
         "answer-tokens": _ratio(spec["tokens"] + spec["answers"], spec["answers"]),
         "logged-minus-true": _logged_minus_true(last),
@@ -183,16 +157,21 @@ def step_one_figures(step: dict) -> dict[str, float]:
 
 def role_means(step: dict) -> dict[str, float | None]:
     """Step 1's MTP depth-1 CE, mean over the targets of each role (before the first update: weights as loaded)."""
-    out = {}
-    for i, role in enumerate(ROLES):
-        where = step["target_role"] == i
-        out[role] = float(step["mtp_ce"][where].mean()) if where.any() else None
-    return out
+    where = {role: step["target_role"] == i for i, role in enumerate(ROLES)}
+    return {role: float(step["mtp_ce"][at].mean()) if at.any() else None for role, at in where.items()}
 
 
-def _setting_figures(name: str, pick) -> dict:
-    """One setting's runs and contrasts; ``pick(arm, setting)``: per seed, that arm's run (None: either arm's)."""
+def _setting_figures(name: str, pick, control: bool) -> dict:
+    """One setting's runs and contrasts, a control's contrasting the arms only.
+
+    Args:
+        name: the Bridge setting.
+        pick: ``pick(arm, setting)`` gives per seed that arm's run of the setting (arm None: either arm's).
+        control: both arms ran the release.
+    """
     view = VIEWS[name]
+    if control:
+        view = {"runs": {k: v for k, v in view["runs"].items() if v[0]}, "contrasts": [FIX]}
     picked = {label: pick(*where) for label, where in view["runs"].items()}
     runs = {}
     for label, seeded in picked.items():
@@ -204,21 +183,21 @@ def _setting_figures(name: str, pick) -> dict:
             "final": {key: [f[key] for f in finals] for key in finals[0]},
             "curves": {
                 "steps": sorted(seeded[0][1]["evals"]),
-                **{
-                    key: [[of(r["evals"][s]) for _, r in seeded] for s in sorted(seeded[0][1]["evals"])]
-                    for key, of in (("teacher-forced", _teacher_forced), ("logged-minus-true", _logged_minus_true))
-                },
+                "logged-minus-true": [
+                    [_logged_minus_true(r["evals"][s]) for _, r in seeded] for s in sorted(seeded[0][1]["evals"])
+                ],
             },
         }
     first = next(iter(picked.values()))
     roles = [run["step_one"]["target_role"] for _, run in first]
     contrasts = []
-    for contrast, control, treatment, what in view["contrasts"]:
-        a, b = runs[control]["final"], runs[treatment]["final"]
+    for contrast, before, after, what, family in view["contrasts"]:
+        a, b = runs[before]["final"], runs[after]["final"]
         contrasts.append(
-            {"name": contrast, "control": control, "treatment": treatment, "what": what}
+            {"name": contrast, "family": family, "control": before, "treatment": after, "what": what}
             | {metric: stats.paired(a[metric], b[metric]) for metric in METRICS}
         )
+        contrasts[-1]["negative_of"] = negative_of(contrasts[-1], contrasts[:-1])
     return {
         "description": SETTINGS[name].description,
         "runs": runs,
@@ -230,26 +209,35 @@ def _setting_figures(name: str, pick) -> dict:
         "logged_minus_true": {
             label: stats.summary(runs[label]["final"]["logged-minus-true"])
             for label, (arm, _) in view["runs"].items()
-            if name in BRIDGE
+            if arm is not None
         },
-        "conclusion": conclusion(name, contrasts),
     }
 
 
+def negative_of(contrast: dict, earlier: list[dict]) -> str | None:
+    """The name of an earlier contrast whose primary differences are this one's negated, not all zero (printed once)."""
+    values = contrast[PRIMARY]["values"]
+    negated = [None if v is None else -v for v in values]
+    return next((c["name"] for c in earlier if c[PRIMARY]["values"] == negated and any(values)), None)
+
+
 def conclusion(name: str, contrasts: list[dict]) -> str:
-    """One line: per contrast, the verdict of the primary endpoint and of two others, with intervals and seed counts."""
+    """One line: per contrast, the Holm-adjusted verdict on the primary endpoint, its interval and the seeds' signs."""
     parts = []
     for c in contrasts:
-        items = []
-        for metric in (PRIMARY, "acceptance-without-eos", "teacher-forced"):
-            s = c[metric]
-            verdict = f"{stats.verdict(s, c['what'])}, " if s["ci95"] is not None else ""
-            items.append(f"{SHORT[metric]}: {verdict}{stats.interval(s)} ({stats.signs(s)})")
-        parts.append(f"{c['name']}: " + "; ".join(items))
+        s = c[PRIMARY]
+        if c["negative_of"]:
+            parts.append(f"{c['name']}: the exact negative of {c['negative_of']} in every seed")
+            continue
+        level = f" at {s['holm']['confidence']:.2%}" if s["holm"]["interval"] else ""
+        parts.append(
+            f"{c['name']}: {stats.verdict(s, c['what'])}, {stats.interval(s, adjusted=True)}{level} "
+            f"(Holm p {s['holm']['p']:.3f}; {stats.signs(s)})"
+        )
     return f"{name}: " + " | ".join(parts)
 
 
-def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
+def figures_of(size: str, trees: dict, payloads: dict[str, dict], control: bool) -> dict:
     """The figures (format: this module's docstring) from each arm's raw payload."""
     plan = payloads["unpatched"]["plan"]
     seeds = plan["seeds"]
@@ -259,19 +247,19 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
         arms = command.ARMS if arm is None else (arm,)
         return [next((a, by_arm[a][(setting, s)]) for a in arms if (setting, s) in by_arm[a]) for s in seeds]
 
-    settings = (*BRIDGE, SHARED)
+    settings = {name: _setting_figures(name, pick, control) for name in BRIDGE}
+    for family in ("primary", "split"):
+        stats.holm([c[PRIMARY] for data in settings.values() for c in data["contrasts"] if c["family"] == family])
+    for name, data in settings.items():
+        data["conclusion"] = conclusion(name, data["contrasts"])
     pretrain = payloads["unpatched"]["pretrain"]
     return {
         "size": size,
+        "control": control,
         "seeds": seeds,
         "plan": {k: v for k, v in plan.items() if k != "runs"},
         "metrics": METRICS | DESCRIPTIVE,
-        "model": {
-            "spec": "megatron-core GPTModel, local spec + MTP block, fp32, CPU; SFT steps via Bridge's forward_step",
-            "parameters": pretrain[0]["num_parameters"],
-            "mtp_num_layers": pretrain[0]["mtp_num_layers"],
-            "mtp_loss_scaling_factor": pretrain[0]["mtp_loss_scaling_factor"],
-        },
+        "model": {key: pretrain[0][key] for key in ("num_parameters", "mtp_num_layers", "mtp_loss_scaling_factor")},
         "arms": {
             arm: {
                 "tree": str(trees[arm]),
@@ -280,15 +268,18 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
                 "pretrained_weights_sha256": [p["weights_sha256"] for p in payloads[arm]["pretrain"]],
                 **{
                     key: {
-                        setting: [by_arm[arm].get((setting, s), {}).get(field) for s in seeds] for setting in settings
+                        setting: [by_arm[arm].get((setting, s), {}).get(field) for s in seeds]
+                        for setting in BRIDGE + SHARED
                     }
                     for key, field in (
                         ("sft_data_sha256", "data_sha256"),
                         ("fine_tuned_weights_sha256", "weights_sha256"),
                     )
                 },
-                **{key: payloads[arm][key] for key in ("pretrain_seconds", "fine_tune_seconds", "cpu_seconds")},
-                "peak_rss_mib": payloads[arm]["peak_rss_mib"],
+                **{
+                    k: payloads[arm][k]
+                    for k in ("pretrain_seconds", "fine_tune_seconds", "cpu_seconds", "peak_rss_mib")
+                },
             }
             for arm in command.ARMS
         },
@@ -304,19 +295,14 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict]) -> dict:
         "shared_runs_equal": [
             by_arm["unpatched"][key]["weights_sha256"] == run["weights_sha256"]
             for key, run in by_arm["patched"].items()
-            if key in by_arm["unpatched"] and key[0] == SHARED
+            if key in by_arm["unpatched"] and key[0] in SHARED
         ],
         "pretrain": [
-            {
-                "seed": seed,
-                "lm_loss_first": p["lm_loss_first"],
-                "lm_loss_last": p["lm_loss_last"],
-                "lm_top1": _ratio(p["held_out"]["lm_hits"], p["held_out"]["lm_counted"]),
-                "mtp_top1": _ratio(p["held_out"]["mtp_hits"], p["held_out"]["mtp_counted"]),
-            }
+            {"seed": seed, "lm_loss_first": p["lm_loss_first"], "lm_loss_last": p["lm_loss_last"]}
+            | {f"{h}_top1": _ratio(p["held_out"][f"{h}_hits"], p["held_out"][f"{h}_counted"]) for h in ("lm", "mtp")}
             for seed, p in zip(seeds, pretrain)
         ],
-        "settings": {name: _setting_figures(name, pick) for name in settings},
+        "settings": settings,
     }
 
 
@@ -334,13 +320,14 @@ def run_label(figures: dict) -> str:
     listed = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ",".join(map(str, seeds))
     return (
         f"size {figures['size']} ({plan['sft_steps']} SFT steps), seeds {listed} (n={len(seeds)}), "
-        f"tiny model ({figures['model']['parameters']} parameters)"
+        f"tiny model ({figures['model']['num_parameters']} parameters)"
+        + (", control: the release in both arms" if figures["control"] else "")
     )
 
 
 def format_tables(figures: dict) -> str:
-    """Per setting: SFT step 1 (CE by role, the logged figures), then the endpoints after the last step, the paired
-    differences and one conclusion line."""
+    """Per setting SFT step 1 and the endpoints after the last step with unadjusted paired intervals, then one line per
+    setting with its Holm-adjusted verdicts, then the time taken."""
     plan, pre = figures["plan"], figures["pretrain"]
     lines = [
         f"== {run_label(figures)}",
@@ -348,8 +335,8 @@ def format_tables(figures: dict) -> str:
         f"{_mean([p['lm_loss_first'] for p in pre])} -> {_mean([p['lm_loss_last'] for p in pre])}, held-out top-1 LM "
         f"{_mean([p['lm_top1'] for p in pre])}, MTP {_mean([p['mtp_top1'] for p in pre])} (mean over seeds); same "
         f"pretrained weights in both arms: {figures['same_pretrained_weights']}, same data: {figures['same_data']}",
-        f"after {plan['sft_steps']} SFT steps, on {plan['eval_batches'] * plan['batch']} held-out prompts per run:",
-        *(f"  {SHORT.get(m, m)}: {label}" for m, label in figures["metrics"].items()),
+        f"after {plan['sft_steps']} SFT steps, on {plan['eval_batches'] * plan['batch']} held-out prompts per run; the "
+        "primary endpoint: accepted tokens per verify step, the MTP head a k=1 drafter (experiments/PLAN.md)",
     ]
     width, cell = 44, 19
     for name, data in figures["settings"].items():
@@ -366,19 +353,21 @@ def format_tables(figures: dict) -> str:
         for key, label in STEP_ONE.items():
             lines.append(row(label, [_mean(data["runs"][r]["step_one"][key]) for r in labels]))
         lines += [f"after {plan['sft_steps']} SFT steps (mean over seeds)", head]
-        for metric in figures["metrics"]:
-            lines.append(row(SHORT.get(metric, metric), [_mean(data["runs"][r]["final"][metric]) for r in labels]))
+        for metric, label in figures["metrics"].items():
+            lines.append(row(label, [_mean(data["runs"][r]["final"][metric]) for r in labels]))
         for c in data["contrasts"]:
-            lines.append(f"{c['treatment']} - {c['control']} ({c['name']}), paired by seed: mean [95 % t-interval]")
-            for metric in METRICS:
-                lines.append(f"  {SHORT[metric]:{width - 2}}{stats.interval(c[metric])}; {stats.signs(c[metric])}")
-        if data["logged_minus_true"]:
-            lines.append(
-                "logged minus true acceptance (core's mtp_1_acceptance_rate - MTP top-1 on the loss positions):"
-            )
+            lines.append(f"{c['treatment']} - {c['control']} ({c['name']}), paired by seed: mean [95 % t, unadjusted]")
+            for metric, label in METRICS.items():
+                lines.append(f"  {label:{width - 2}}{stats.interval(c[metric])}; {stats.signs(c[metric])}")
+        lines.append("logged minus true acceptance (core's mtp_1_acceptance_rate - MTP top-1 on the loss positions):")
         for label, s in data["logged_minus_true"].items():
             lines.append(f"  {label:{width - 2}}{stats.interval(s)}; {stats.signs(s, 'above 0', 'below 0')}")
-        lines.append(f"-> {data['conclusion']}")
+    lines += [
+        "",
+        f"== {METRICS[PRIMARY]}, Holm at family-wise {stats.ALPHA} over the fix in every setting and, apart, over the "
+        "padding's and the prompt's parts (experiments/PLAN.md): verdict, mean [Holm-adjusted interval]",
+        *(f"-> {data['conclusion']}" for data in figures["settings"].values()),
+    ]
     arms = figures["arms"]
     lines += [
         "",
@@ -394,68 +383,25 @@ def format_tables(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def _plot(figures: dict) -> bytes:
-    """Teacher-forced top-1 through SFT and the primary endpoint per seed, per setting, as PNG bytes."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    settings = figures["settings"]
-    fig, axes = plt.subplots(2, len(settings), figsize=(4.4 * len(settings), 7), squeeze=False)
-    colors = {"unpatched": "tab:red", "patched": "tab:blue", "no padding in MTP": "tab:green"}
-    for column, (name, data) in enumerate(settings.items()):
-        top, bottom = axes[0, column], axes[1, column]
-        labels = list(data["runs"])
-        for x, label in enumerate(labels):
-            run = data["runs"][label]
-            curves = run["curves"]
-            means = [statistics.fmean(v for v in row if v is not None) for row in curves["teacher-forced"]]
-            top.plot(curves["steps"], means, marker="o", ms=3, color=colors[label], label=label)
-            values = [math.nan if v is None else v for v in run["final"][PRIMARY]]
-            bottom.scatter([x] * len(values), values, color=colors[label], s=12)
-        for seed in range(len(figures["seeds"])):
-            bottom.plot(
-                range(len(labels)),
-                [data["runs"][label]["final"][PRIMARY][seed] or math.nan for label in labels],
-                color="0.6",
-                lw=0.7,
-            )
-        top.set_title(f"setting: {name}", fontsize=10)
-        top.set_xlabel("SFT step")
-        top.grid(alpha=0.3)
-        bottom.set_xticks(range(len(labels)), labels, fontsize=8)
-        bottom.grid(alpha=0.3)
-        if column == 0:
-            top.set_ylabel("teacher-forced MTP top-1 (answers)")
-            bottom.set_ylabel("accepted tokens per verify step\n(one line per seed)")
-    axes[0, 0].legend(fontsize=8)
-    fig.suptitle(
-        "MTP depth 1 on held-out prompts, same weights and batches in every run\n" + run_label(figures), fontsize=10
-    )
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
-
-
-def run(args) -> str:
-    """`./run effect`: both arms, the tables; the figures and the plot into --out if given."""
+def run(args) -> tuple[str, Exit]:
+    """`./run effect`: both arms and the tables, the figures into --out if given; exit 5 where a control differs."""
     size = "plateau" if args.plateau else "short"
     print(f"[effect] both arms, {len(args.seeds)} seeds, size {size}: running", file=sys.stderr, flush=True)
-    figures = finish_effect(start_effect(size, args.seeds), size)
-    files = {"figures.json": json.dumps(figures, indent=1).encode(), "effect.png": _plot(figures)} if args.out else {}
-    return "\n".join(filter(None, [format_tables(figures), command.write(args.out, files)]))
+    figures = finish_effect(start_effect(size, args.seeds, control=args.control), size, args.control)
+    verdicts = [stats.verdict(c[PRIMARY], c["what"]) for d in figures["settings"].values() for c in d["contrasts"]]
+    differs = len(verdicts) - verdicts.count("no difference")
+    control = f"control: {differs} of {len(verdicts)} contrasts say other than 'no difference'" * figures["control"]
+    files = {"figures.json": json.dumps(figures, indent=1).encode()} if args.out else {}
+    text = "\n".join(filter(None, [format_tables(figures), control, command.write(args.out, files)]))
+    return text, Exit.FAILED if figures["control"] and differs else Exit.OK
 
 
 def main(argv: list[str] | None = None) -> None:
     """The command line (experiments.command: what it shares with repro)."""
     parser = command.parser("./run effect", __doc__.split("\n\n")[0], "0-9")
     steps = SIZES["plateau"]["sft_steps"], Plan.sft_steps
-    parser.add_argument("--plateau", action="store_true", help="%d SFT steps instead of %d (prints its time)" % steps)
+    parser.add_argument("--plateau", action="store_true", help="%d SFT steps instead of %d" % steps)
+    parser.add_argument("--control", action="store_true", help="the release in both arms (a negative control)")
     command.main(parser, run, argv)
 
 

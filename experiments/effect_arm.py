@@ -55,42 +55,58 @@ class Plan:
 
 @dataclass(frozen=True)
 class Setting:
-    """One SFT setting: its samples, the language of their prompts, what the MTP loss counts, and its batches."""
+    """One SFT setting: its samples, the languages of their prompts and answers, what the MTP loss counts, its batches."""
 
     description: str
     sft: syn.SftSetting
     prompts: str  # "task": the SFT task's language (chain B), as the answers; "pretraining": chain A
+    order: int = 2  # the chain order of the SFT task's language
     mtp_mask: str = "bridge"  # "bridge": whatever the tree passes to the model; "no-padding": every label but padding
     data: str | None = None  # the setting whose batches (and held-out batches) it uses; None: its own
 
 
 # Padded like the report's SFT set: pad id = EOS, each batch padded to its longest sample, prompts with a long tail of
-# lengths. The answers are long, so that the draft of the closing EOS (which saves no verify step) is a small share.
-_SHAPE = {"prompt_len": (8, 40), "prompt_tail": 12.0, "answer_len": (8, 16)}
+# lengths. The factorial crosses the answers' length with the SFT language's chain order (experiments/PLAN.md).
+ANSWERS = {"short": (1, 4), "long": (8, 16)}
+ORDERS = {"first": 1, "second": 2}
+DEFAULT_CELL = "long/second"  # where distinct-answers and padding-only run
+
+
+def _setting(description: str, cell: str, prompts: str = "task", loss: str = "answer", **kw) -> Setting:
+    answers, order = cell.split("/")
+    sft = syn.SftSetting(cell, False, prompt_len=(8, 40), answer_len=ANSWERS[answers], loss=loss, prompt_tail=12.0)
+    return Setting(description, sft, prompts, ORDERS[order], **kw)
+
+
+CELLS = [f"{answers}/{order}" for answers in ANSWERS for order in ORDERS]
 SETTINGS = {
-    "same-language": Setting(
-        "prompt and answer in the SFT task's language; answer-only loss",
-        syn.SftSetting("same-language", random_prompts=False, **_SHAPE),
-        prompts="task",
-    ),
-    "distinct-answers": Setting(
+    **{
+        f"same-language {cell}": _setting(
+            "prompt and answer in the SFT task's language; answer-only loss; answers/chain order: " + cell, cell
+        )
+        for cell in CELLS
+    },
+    "distinct-answers": _setting(
         "the stress case: prompts in the pretraining language, answers in the task's; answer-only loss",
-        syn.SftSetting("distinct-answers", random_prompts=False, **_SHAPE),
+        DEFAULT_CELL,
         prompts="pretraining",
     ),
-    "padding-only": Setting(
+    "padding-only": _setting(
         "as distinct-answers, but the loss covers the whole sample: the fix masks only the padding",
-        syn.SftSetting("padding-only", random_prompts=False, loss="sample", **_SHAPE),
+        DEFAULT_CELL,
         prompts="pretraining",
+        loss="sample",
     ),
-    "no-padding-mtp": Setting(
-        "same-language's batches and LM loss, but the MTP loss counts prompt and answer, never padding (a mask this "
-        "experiment gives the model, not Bridge's)",
-        syn.SftSetting("same-language", random_prompts=False, **_SHAPE),
-        prompts="task",
-        mtp_mask="no-padding",
-        data="same-language",
-    ),
+    **{
+        f"no-padding-mtp {cell}": _setting(
+            "same-language's batches and LM loss, but the MTP loss counts prompt and answer, never padding (a mask "
+            "this experiment gives the model, not Bridge's)",
+            cell,
+            mtp_mask="no-padding",
+            data=f"same-language {cell}",
+        )
+        for cell in CELLS
+    },
 }
 # The report's batch: answer-only loss over 1-4 answer tokens + EOS (the report's 2-5 valid tokens per sample), a long
 # tail of prompt lengths; prompt and answer in the pretraining language, as SQuAD is in a pretrained model's.
@@ -98,10 +114,9 @@ REPORT_LIKE = syn.SftSetting(
     "report-like", random_prompts=False, prompt_len=(8, 52), prompt_tail=12.0, answer_len=(1, 4)
 )
 REPORT_BATCH = 16
-# The SFT task's language, one per seed: a second-order chain over 32 content tokens, so that the next token depends
-# on the two before it (with a first-order chain the draft depends only on the token the MTP head is fed, and every
-# arm soon drafts it perfectly).
-CHAIN_B = {"branching": 2, "probs": (0.9, 0.1), "order": 2, "alphabet": 32}
+# The SFT task's language, one per seed and chain order (Setting.order), over 32 content tokens. With a first-order
+# chain the draft depends only on the token the MTP head is fed, so long answers there soon reach the ceiling.
+CHAIN_B = {"branching": 2, "probs": (0.9, 0.1), "alphabet": 32}
 
 
 def _sha256(batches: list[dict]) -> str:
@@ -123,10 +138,10 @@ def _generator(use: str, seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(_stream(use, seed))
 
 
-def _chains(seed: int) -> tuple[syn.Chain, syn.Chain]:
-    """The seed's pretraining language (chain A) and SFT task's language (chain B)."""
+def _chains(seed: int, order: int = 2) -> tuple[syn.Chain, syn.Chain]:
+    """The seed's pretraining language (chain A) and SFT task's language (chain B, of that order)."""
     a = syn.make_chain(gpt.VOCAB, _stream("chain A", seed))
-    return a, syn.make_chain(gpt.VOCAB, _stream("chain B", seed), **CHAIN_B)
+    return a, syn.make_chain(gpt.VOCAB, _stream("chain B", seed), order=order, **CHAIN_B)
 
 
 def _pretrain(plan: Plan, seed: int) -> tuple[dict, dict]:
@@ -188,7 +203,7 @@ def _step_one(result: gpt.StepResult, batch: dict) -> dict:
 def _fine_tune(pretrained: dict, plan: Plan, name: str, seed: int) -> dict:
     """SFT from the seed's pretrained weights on the seed's task and batches of this setting."""
     setting = SETTINGS[name]
-    chain_a, chain_b = _chains(seed)
+    chain_a, chain_b = _chains(seed, setting.order)
     prompts = chain_b if setting.prompts == "task" else chain_a
     gen = _generator(f"SFT {setting.data or name}", seed)
     make = lambda: syn.sft_batch(prompts, chain_b, setting.sft, gpt.VOCAB, plan.batch, gen)

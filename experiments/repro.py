@@ -22,6 +22,7 @@ from experiments import command
 from experiments.effect import role_means, step_one_figures
 from experiments.effect_arm import Plan
 from experiments.synthetic import BOS, ROLES
+from mtp_mask_fix.errors import Exit
 
 
 REPORT_URL = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/6103"
@@ -225,50 +226,18 @@ def format_table(figures: dict) -> str:
     return "\n".join(lines)
 
 
-def _plot(figures: dict) -> bytes:
-    """Per-position MTP CE of the first seed's batch, by role, as PNG bytes."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    p = figures["positions"][0]["per_position"]
-    rows = min(4, len(p["mtp_ce"]))
-    colors = {"prompt": "tab:gray", "answer": "tab:blue", "padding": "tab:red"}
-    fig, axes = plt.subplots(rows, 1, figsize=(10, 1.9 * rows + 0.8), sharex=True, squeeze=False)
-    for row, ax in enumerate(axes[:, 0]):
-        ce, role = p["mtp_ce"][row], p["target_role"][row]
-        for name in ROLES:
-            at = [t for t, r in enumerate(role) if ROLES[r] == name]
-            ax.bar(at, [ce[t] for t in at], color=colors[name], width=0.8, label=name)
-        ax.set_ylabel(f"sample {row}\nCE")
-    axes[0, 0].legend(loc="upper left", fontsize=8, ncol=3)
-    axes[0, 0].set_title(
-        f"MTP depth-1 CE per position at SFT step 1, seed {figures['seeds'][0]} (the unpatched loss counts all; the "
-        "patched, the answer)",
-        fontsize=9,
-    )
-    axes[-1, 0].set_xlabel("position t (target labels[t + 1])")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
-
-
 TIMEOUT_S = 900
 
 
-def run(args) -> str:
-    """`./run repro`: both sides, the tables; the figures and the plot into --out if given."""
+def run(args) -> tuple[str, Exit]:
+    """`./run repro`: both sides, the tables; the figures into --out if given."""
     print(f"[repro] both sides, {len(args.seeds)} seeds: running", file=sys.stderr, flush=True)
     plan = Plan(seeds=args.seeds).to_json()
     arms = command.Arms("experiments.effect_arm:reproduce", command.trees(), {side: plan for side in SIDES}, TIMEOUT_S)
     figures = json.loads(json.dumps(figures_of(arms.wait())))
-    files = {"figures.json": json.dumps(figures, indent=1).encode(), "mtp_ce_per_position.png": _plot(figures)}
-    return "\n".join(filter(None, [format_table(figures), command.write(args.out, files if args.out else {})]))
+    files = {"figures.json": json.dumps(figures, indent=1).encode()} if args.out else {}
+    text = "\n".join(filter(None, [format_table(figures), command.write(args.out, files)]))
+    return text, Exit.OK
 
 
 def main(argv: list[str] | None = None) -> None:

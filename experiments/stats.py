@@ -1,7 +1,7 @@
-"""Paired comparisons over seeds, and how they are worded: the t-interval, sign counts and a verdict. No torch.
+"""Paired comparisons over seeds, Holm's correction over a family of them, and how they are worded. No torch.
 
-An interval is given only where it means something: from at least MIN_SEEDS seeds whose values differ at the printed
-precision; otherwise the line says which of the two it lacks.
+An interval and a p-value are given only from at least MIN_SEEDS seeds. A difference that is exactly the same in
+every seed has a zero-width interval: p = 1 where it is 0, p = 0 where it is not (experiments/PLAN.md).
 """
 
 import math
@@ -9,14 +9,13 @@ import statistics
 
 
 MIN_SEEDS = 5  # fewer paired seeds: no interval
-DIGITS = 3  # what the tables print: values closer than RESOLUTION are the same there (no spread, no sign)
-RESOLUTION = 0.5 * 10**-DIGITS
+ALPHA = 0.05  # each family's family-wise error rate
+DIGITS = 3  # what the tables print
 
 
 def summary(values: list[float | None]) -> dict:
-    """Mean, sd (n - 1) and the 95 % t-interval of the mean of the values that exist (n of them), with the values and
-    how many are above and below zero at the printed precision. ``ci95`` None: no interval (n < MIN_SEEDS, or no
-    spread)."""
+    """The values (None: a seed without one), and of those that exist n, mean, sd, the two-sided t-test's p, the 95 %
+    t-interval (p and ci95 None from fewer than MIN_SEEDS) and how many are above and below 0."""
     from scipy.stats import t
 
     defined = [v for v in values if v is not None]
@@ -26,14 +25,26 @@ def summary(values: list[float | None]) -> dict:
         "n": n,
         "mean": statistics.fmean(defined) if defined else None,
         "sd": statistics.stdev(defined) if n > 1 else None,
+        "p": None,
         "ci95": None,
-        "above": sum(v >= RESOLUTION for v in defined),
-        "below": sum(v <= -RESOLUTION for v in defined),
+        "above": sum(v > 0 for v in defined),
+        "below": sum(v < 0 for v in defined),
     }
-    if n >= MIN_SEEDS and not _no_spread(defined):
-        half = t.ppf(0.975, n - 1) * out["sd"] / math.sqrt(n)
-        out["ci95"] = [out["mean"] - half, out["mean"] + half]
+    if n >= MIN_SEEDS:
+        if out["sd"] == 0:
+            out["p"] = float(out["mean"] == 0)
+        else:
+            out["p"] = float(2 * t.sf(abs(out["mean"]) / (out["sd"] / math.sqrt(n)), n - 1))
+        out["ci95"] = t_interval(out, 0.95)
     return out
+
+
+def t_interval(s: dict, confidence: float) -> list[float]:
+    """The t-interval of the mean of a summary at that confidence."""
+    from scipy.stats import t
+
+    half = t.ppf(0.5 + confidence / 2, s["n"] - 1) * s["sd"] / math.sqrt(s["n"])
+    return [s["mean"] - half, s["mean"] + half]
 
 
 def paired(control: list[float | None], treatment: list[float | None]) -> dict:
@@ -41,36 +52,41 @@ def paired(control: list[float | None], treatment: list[float | None]) -> dict:
     return summary([None if c is None or t is None else t - c for c, t in zip(control, treatment)])
 
 
-def _no_spread(values: list[float]) -> bool:
-    return max(values) - min(values) < RESOLUTION
+def holm(family: list[dict]) -> None:
+    """Add to each summary of the family its Holm-adjusted p-value and the interval at the level Holm tests it at."""
+    # Rank j (p ascending) is tested at ALPHA / (m - j + 1) until the first one not rejected (rank k); from there on
+    # every interval is at k's level, so each adjusted interval excludes 0 exactly when Holm rejects.
+    ranked = sorted(family, key=lambda s: 1.0 if s["p"] is None else s["p"])
+    adjusted, stop = 0.0, None
+    for rank, s in enumerate(ranked, 1):
+        m = len(ranked) - rank + 1
+        adjusted = max(adjusted, min(1.0, m * (1.0 if s["p"] is None else s["p"])))
+        stop = stop or (rank if adjusted >= ALPHA else None)
+        confidence = 1 - ALPHA / (len(ranked) - min(rank, stop or rank) + 1)
+        interval = None if s["p"] is None else t_interval(s, confidence)
+        s["holm"] = {"p": adjusted, "confidence": confidence, "interval": interval}
 
 
-def interval(s: dict) -> str:
-    """mean [95 % interval], or the mean with why there is none."""
+def verdict(s: dict, treatment: str) -> str:
+    """'for T' / 'against T' where the Holm-adjusted interval excludes 0, 'no difference' where it holds 0."""
+    if s["holm"]["interval"] is None:
+        return "no interval"
+    low, high = s["holm"]["interval"]
+    return f"for {treatment}" if low > 0 else f"against {treatment}" if high < 0 else "no difference"
+
+
+def interval(s: dict, adjusted: bool = False) -> str:
+    """mean [95 % interval, or the Holm-adjusted one], or the mean with why there is none."""
     if s["mean"] is None:
         return "no value"
-    mean = f"{s['mean'] if abs(s['mean']) >= RESOLUTION else 0.0:+.{DIGITS}f}"
-    if s["ci95"] is not None:
-        low, high = s["ci95"]
-        return f"{mean} [{low:+.{DIGITS}f}, {high:+.{DIGITS}f}]"
-    if s["n"] >= MIN_SEEDS:
-        return f"{mean} in all {s['n']} seeds (no spread, no interval)"
-    return f"{mean} (n = {s['n']} < {MIN_SEEDS}: no interval)"
+    bounds = s["holm"]["interval"] if adjusted else s["ci95"]
+    if bounds is None:
+        return f"{s['mean']:+.{DIGITS}f} (n = {s['n']} < {MIN_SEEDS}: no interval)"
+    low, high = bounds
+    return f"{s['mean']:+.{DIGITS}f} [{low:+.{DIGITS}f}, {high:+.{DIGITS}f}]"
 
 
 def signs(s: dict, up: str = "higher", down: str = "lower") -> str:
     """How many seeds went each way."""
     same = s["n"] - s["above"] - s["below"]
-    return (
-        f"{up} in {s['above']}, {down} in {s['below']}"
-        + (f", equal in {same}" if same else "")
-        + f" of {s['n']} seeds"
-    )
-
-
-def verdict(s: dict, treatment: str) -> str:
-    """'for T' / 'against T' where the interval excludes 0, 'no difference shown' where it holds 0; else why none."""
-    if s["ci95"] is None:
-        return "no interval"
-    low, high = s["ci95"]
-    return f"for {treatment}" if low > 0 else f"against {treatment}" if high < 0 else "no difference shown"
+    return f"{up} in {s['above']}, {down} in {s['below']}" + (f", equal in {same}" if same else "") + f" of {s['n']}"

@@ -6,9 +6,8 @@ Token ids: 0 = BOS, 1 = PAD = EOS (as in the report: pad id 1 = eos, and the mod
                BOS + text + EOS, packed back to back with no padding, every position counted: after EOS always
                comes BOS, which is what the report's model had learnt;
   SFT:         BOS + prompt (a chain's text, or uniform random tokens) + SEP + answer (the answer chain continuing from
-               the last prompt token) + EOS, padded with PAD (= EOS) to the batch's longest sample (or to a fixed
-               length); the loss covers the answer (the answer tokens and the EOS) or the whole sample (every label
-               but the padding).
+               the last prompt token) + EOS, padded with PAD (= EOS) to the batch's longest sample; the loss covers
+               the answer (the answer tokens and the EOS) or the whole sample (every label but the padding).
 """
 
 from dataclasses import dataclass
@@ -91,7 +90,6 @@ class SftSetting:
     random_prompts: bool  # prompts of uniform random tokens instead of the prompt chain's text
     prompt_len: tuple[int, int] = (8, 24)  # uniform in [min, max], or min + a long tail (prompt_tail) cut at max
     answer_len: tuple[int, int] = (3, 8)  # content tokens; + EOS
-    pad_to: int | None = None  # None: pad to the batch's longest sample
     loss: str = "answer"  # "answer": answer tokens and the closing EOS; "sample": every label but the padding
     prompt_tail: float | None = None  # mean of an exponential tail added to prompt_len[0] (None: uniform lengths)
 
@@ -125,7 +123,7 @@ def sft_batch(chain_a: Chain, chain_b: Chain, setting: SftSetting, vocab: int, b
         torch.cat([torch.tensor([BOS]), prompts[i, :p], torch.tensor([SEP]), answers[i, :a], torch.tensor([EOS])])
         for i, (p, a) in enumerate(zip(p_lens.tolist(), a_lens.tolist()))
     ]
-    seq = setting.pad_to or max(len(t) for t in texts) - 1
+    seq = max(len(t) for t in texts) - 1
     tokens = torch.full((batch, seq), PAD, dtype=torch.long)
     labels = torch.full((batch, seq), PAD, dtype=torch.long)
     loss_mask = torch.zeros(batch, seq)

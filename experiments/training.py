@@ -57,19 +57,8 @@ def evaluate(model, batches, roles=ROLES) -> dict[str, float]:
       closing EOS (the batch's "roles"; with an answer-only loss these are the loss positions);
     - ``logged_acceptance``: core's own ``mtp_1_acceptance_rate`` over these batches, as a fraction.
     """
-    sums = dict.fromkeys(
-        (
-            "mtp_hits",
-            "mtp_counted",
-            "mtp_ce_sum",
-            "lm_hits",
-            "lm_counted",
-            "lm_ce_sum",
-            "mtp_answer_hits",
-            "mtp_answer_counted",
-        ),
-        0.0,
-    )
+    sums = dict.fromkeys([f"{head}_{sum_}" for head in ("mtp", "lm") for sum_ in ("hits", "counted", "ce_sum")], 0.0)
+    sums |= dict.fromkeys(("mtp_answer_hits", "mtp_answer_counted"), 0.0)
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
     tracker = MTPLossLoggingHelper.tracker

@@ -8,6 +8,7 @@ out of the tree under test, those fail by assertion. Nothing here asserts the di
 is what `./run effect` measures.
 """
 
+import json
 import math
 from types import SimpleNamespace
 
@@ -22,8 +23,6 @@ from tinymodel import worker
 
 
 pytestmark = pytest.mark.slow
-
-
 BASE = release(pins()["megatron-bridge"]).root
 SEEDS = (0,)
 TOL = 1e-6  # core logs its acceptance as a float32 percent
@@ -36,7 +35,7 @@ def _start(tree):
     return effect.start_effect("small", SEEDS, trees={"unpatched": BASE, "patched": tree})
 
 
-def start_early(pool) -> None:
+def start_early(session) -> None:
     """Both arms, started by tests/conftest.py once the suite is collected: the unpatched arm (a process that imports
     the release cold) then runs beside the tests before this module's, not in their way."""
     EARLY["effect"] = _start(worker.this_tree())
@@ -77,13 +76,14 @@ class TestEffectArms:
         hashes = [h for arm in arms.values() for per_seed in arm["sft_data_sha256"].values() for h in per_seed]
         assert None not in hashes  # the small run makes every run in both arms
         by_setting = arms["patched"]["sft_data_sha256"]
-        assert by_setting[effect.SHARED] == by_setting["same-language"]  # its batches are same-language's
+        for shared in effect.SHARED:  # each one's batches are its same-language cell's
+            assert by_setting[shared] == by_setting[shared.replace("no-padding-mtp", "same-language")]
         assert len({h for name in effect.BRIDGE for h in by_setting[name]}) == len(effect.BRIDGE) * len(SEEDS)
         assert figures["same_pretrained_weights"] is True and figures["same_data"] is True
 
     def test_the_experiments_mtp_mask_gives_the_same_run_in_either_tree(self, figures):
         """The shared setting sets the MTP mask itself, so its runs may be split between the arms by seed."""
-        assert figures["shared_runs_equal"] == [True] * len(SEEDS)
+        assert figures["shared_runs_equal"] == [True] * len(SEEDS) * len(effect.SHARED)
 
     def test_step_one_is_the_same_forward_in_every_run(self, figures):
         """Same weights, same batch: the LM loss and each role's MTP CE agree before the first update."""
@@ -136,7 +136,7 @@ class TestEffectArms:
 class TestEffectFigures:
     def test_figures_are_finite_and_complete(self, figures):
         assert all(math.isfinite(x) for x in _numbers(figures))
-        assert list(figures["settings"]) == [*effect.BRIDGE, effect.SHARED]
+        assert list(figures["settings"]) == list(effect.BRIDGE)
         for name, setting in figures["settings"].items():
             assert sum(setting["step_one_mix"].values()) == pytest.approx(1.0)
             assert list(setting["runs"]) == list(effect.VIEWS[name]["runs"])
@@ -148,13 +148,25 @@ class TestEffectFigures:
                 assert all(len(contrast[m]["values"]) == len(SEEDS) for m in effect.METRICS)  # None: none counted
             assert setting["conclusion"].startswith(f"{name}: ")
 
-    def test_tables_and_plot(self, figures):
+    def test_tables(self, figures):
         tables = effect.format_tables(figures)
         assert "size small (3 SFT steps), seeds 0-0 (n=1)" in tables
         for name, setting in figures["settings"].items():
             assert f"== setting {name}: {setting['description']}" in tables
             assert f"-> {setting['conclusion']}" in tables
-        assert effect._plot(figures)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_contrast_that_negates_an_earlier_one_is_printed_once():
+    """With the fix exactly 0 the prompt's part is the padding's part negated: one verdict says both."""
+    values = {"fix": [0.0] * 5, "zero": [0.0] * 5, "padding": [0.1, -0.2, 0.3, 0.1, 0.2]}
+    contrasts = [{"name": n, "what": n, effect.PRIMARY: stats.summary(v)} for n, v in values.items()]
+    contrasts.append({"name": "prompt", "what": "x", effect.PRIMARY: stats.summary([-v for v in values["padding"]])})
+    stats.holm([c[effect.PRIMARY] for c in contrasts])
+    for i, c in enumerate(contrasts):
+        c["negative_of"] = effect.negative_of(c, contrasts[:i])
+    assert [c["negative_of"] for c in contrasts] == [None, None, None, "padding"]  # zeros negate zeros: no duplicate
+    line = effect.conclusion("cell", contrasts)
+    assert line.count("no difference") == 3 and "prompt: the exact negative of padding in every seed" in line
 
 
 def _logits(tokens: torch.Tensor, table: dict) -> torch.Tensor:
@@ -187,64 +199,67 @@ class TestSpeculative:
         roles = torch.tensor([[ROLES.index("prompt")] * 3 + [ROLES.index("answer")] * 5])
         model = SimpleNamespace(eval=lambda: None, train=lambda: None)
         sums = training.speculative(model, [{"tokens": tokens, "roles": roles}], 6, forward=self._forward)
-        assert sums == {
-            "answers": 1,
-            "steps": 2,
-            "tokens": 3,
-            "proposed": 2,
-            "accepted": 2,
-            "eos_proposed": 1,
-            "eos_accepted": 1,
-        }
+        assert sums == dict(answers=1, steps=2, tokens=3, proposed=2, accepted=2, eos_proposed=1, eos_accepted=1)
 
     def test_verify_steps(self):
         """hits[i]: the draft of token i + 2 is right. A rejected draft yields one token; an accepted one two."""
-        assert training.verify_steps([False, False, False], True) == {
-            "answers": 1,
-            "steps": 3,
-            "tokens": 3,
-            "proposed": 3,
-            "accepted": 0,
-            "eos_proposed": 1,
-            "eos_accepted": 0,
-        }
+        assert training.verify_steps([False, False, False], True) == dict(
+            answers=1, steps=3, tokens=3, proposed=3, accepted=0, eos_proposed=1, eos_accepted=0
+        )
         # tokens 2 right (yields 2, 3), 4 wrong (yields 4), 5 right (yields 5, 6); 6 is not an EOS
-        assert training.verify_steps([True, True, False, True, False], False) == {
-            "answers": 1,
-            "steps": 3,
-            "tokens": 5,
-            "proposed": 3,
-            "accepted": 2,
-            "eos_proposed": 0,
-            "eos_accepted": 0,
-        }
+        assert training.verify_steps([True, True, False, True, False], False) == dict(
+            answers=1, steps=3, tokens=5, proposed=3, accepted=2, eos_proposed=0, eos_accepted=0
+        )
         assert training.verify_steps([], True)["steps"] == 0  # the answer is the EOS alone: no verify step
 
 
+def _family(*values: list[float]) -> list[dict]:
+    family = [stats.summary(v) for v in values]
+    stats.holm(family)
+    return family
+
+
 class TestStatistics:
-    def test_paired_interval_is_the_t_interval_of_the_differences(self):
+    def test_paired_interval_and_p_are_the_t_tests_of_the_differences(self):
         diff = stats.paired([1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 4.0, 6.0, 8.0, 10.0])  # differences 1..5: mean 3
         half = 2.7764451051977987 * math.sqrt(2.5) / math.sqrt(5)  # t(0.975, 4 degrees of freedom), sd sqrt(2.5)
         assert diff["mean"] == 3.0 and diff["n"] == 5 and diff["above"] == 5 and diff["below"] == 0
         assert diff["ci95"] == pytest.approx([3.0 - half, 3.0 + half], rel=1e-9)
-        assert stats.verdict(diff, "the fix") == "for the fix"
+        assert diff["p"] == pytest.approx(0.01324, abs=1e-5)  # t = 3 / (sqrt(2.5) / sqrt(5)) = 4.243, 4 df
 
-    def test_no_interval_from_fewer_than_five_seeds_or_without_spread(self):
-        few = stats.paired([0.0] * 4, [1.0, 2.0, 3.0, 4.0])
-        assert (
-            few["ci95"] is None and "no interval" in stats.interval(few) and stats.verdict(few, "x") == "no interval"
-        )
-        flat = stats.summary([0.25] * 6 + [0.2502])
-        assert flat["ci95"] is None and stats.interval(flat) == "+0.250 in all 7 seeds (no spread, no interval)"
+    def test_holm_steps_down_with_monotone_adjusted_p_values(self):
+        """p ascending p1 < p2 < p3: adjusted max(3 p1), max(3 p1, 2 p2), max(.., p3); Bonferroni would give 3 p3."""
+        spread = (-2, -1, 0, 1, 2)  # p about 0.012, 0.16 and 0.010: 2 p2 < 3 p1, so the max decides p2's
+        family = _family([3.11 + e for e in spread], [0.1, -0.05, 0.2, 0.15, 0.0], [3.256 + e for e in spread])
+        ps = [s["p"] for s in family]
+        low, mid, high = sorted(ps)
+        assert 2 * mid < 3 * low
+        expected = {low: 3 * low, mid: max(3 * low, 2 * mid), high: max(3 * low, 2 * mid, high)}
+        assert [s["holm"]["p"] for s in family] == pytest.approx([min(1.0, expected[p]) for p in ps], rel=1e-9)
+        assert [stats.verdict(s, "x") for s in family] == ["for x", "no difference", "for x"]
 
-    def test_verdicts_against_and_none(self):
-        assert stats.verdict(stats.summary([-1.0, -2.0, -1.5, -1.2, -1.8]), "the fix") == "against the fix"
-        assert stats.verdict(stats.summary([-1.0, 2.0, -1.5, 1.2, 0.1]), "the fix") == "no difference shown"
+    def test_an_adjusted_interval_excludes_zero_exactly_when_holm_rejects(self):
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(50):
+            family = _family(*(torch.randn(8, generator=gen).add(0.6 * k).tolist() for k in range(-2, 4)))
+            for s in family:
+                low, high = s["holm"]["interval"]
+                assert (low > 0 or high < 0) == (s["holm"]["p"] < stats.ALPHA), s
 
-    def test_signs_count_at_the_printed_precision(self):
+    def test_an_exact_zero_is_no_difference_and_a_constant_shift_is_one(self):
+        zero, shift = _family([0.0] * 10, [-0.25] * 10)
+        assert zero["p"] == 1.0 and stats.verdict(zero, "the fix") == "no difference"
+        assert stats.interval(zero, adjusted=True) == "+0.000 [+0.000, +0.000]"
+        assert shift["p"] == 0.0 and stats.verdict(shift, "the fix") == "against the fix"
+
+    def test_no_interval_from_fewer_than_five_seeds(self):
+        (few,) = _family([1.0, 2.0, 3.0, 4.0])
+        assert few["ci95"] is None and stats.verdict(few, "x") == "no interval"
+        assert stats.interval(few) == "+2.500 (n = 4 < 5: no interval)"
+
+    def test_signs(self):
         s = stats.summary([1e-9, -1e-9, 0.002, -0.003, 0.0])
-        assert (s["above"], s["below"]) == (1, 1)
-        assert stats.signs(s) == "higher in 1, lower in 1, equal in 3 of 5 seeds"
+        assert stats.signs(s) == "higher in 2, lower in 2, equal in 1 of 5"
 
 
 def _view_stamp():
@@ -288,6 +303,29 @@ class TestCommands:
             effect.main(["--out", str(tmp_path / "file")])
         assert exit_.value.code == 2 and "not a directory" in capsys.readouterr().err
         assert command.out_dir(str(tmp_path / "new" / "dir")) == tmp_path / "new" / "dir"  # made at the end
+
+    @pytest.mark.parametrize("zeroed, code", [(True, 0), (False, 5)])
+    def test_the_control_exits_0_only_when_every_contrast_says_no_difference(
+        self, figures, zeroed, code, mocker, capsys
+    ):
+        """Both arms the release: an exact zero everywhere passes; a contrast without a verdict (n = 1) does not."""
+        control = json.loads(json.dumps(figures))
+        contrasts = [c for data in control["settings"].values() for c in data["contrasts"]]
+        if zeroed:
+            for c in contrasts:
+                c[effect.PRIMARY] = stats.summary([0.0] * 5)
+            stats.holm([c[effect.PRIMARY] for c in contrasts])
+        mocker.patch.object(command, "trees", return_value={"unpatched": BASE, "patched": VIEW})
+        mocker.patch.object(command, "Arms")
+        mocker.patch.object(effect, "finish_effect", return_value=control | {"control": True})
+        with pytest.raises(SystemExit) as exit_:
+            effect.main(["--control"])
+        out = capsys.readouterr().out
+        assert exit_.value.code == code and "control: the release in both arms" in out
+        assert f"control: {0 if zeroed else len(contrasts)} of {len(contrasts)} contrasts" in out
+        assert command.Arms.call_args.args[1] == {arm: BASE for arm in command.ARMS}
+        plans = [json.loads(plan)["runs"] for plan in command.Arms.call_args.args[2].values()]
+        assert all(list(runs) == list(effect.BRIDGE) for arm in plans for runs in arm)  # the arms' contrasts only
 
     def test_seeds(self):
         assert command.seeds("10-19") == tuple(range(10, 20))
