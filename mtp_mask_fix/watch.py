@@ -71,7 +71,7 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
             raise stopped
         if code:
             raise ToolError(f"watch: {name} {ended}", 128 - code if code < 0 else code)
-        said = f"no MTP loss call seen (megatron-core's MTP loss found in {len(ranks)} process(es), looked for"
+        said = f"MTP loss calls: none seen (megatron-core's MTP loss found in {len(ranks)} process(es), looked for"
         raise ToolError(f"watch: {name}: {said} {LOOKED_FOR}); {UNSEEN}", Exit.FAILED)
     shapes = {who: tuple(c[key] for key in JUDGED) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
     usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
