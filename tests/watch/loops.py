@@ -133,9 +133,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--then", choices=("exit-3", "sleep"))
     args = parser.parse_args()
-    print(f"{args.loop}: {args.steps} step(s)")
     torch.set_num_threads(1)
     model = build_model()
+    print(f"{args.loop}: {args.steps} step(s)")  # after core's own output, which flushes
     for step in range(args.steps):
         print(f"step {step}: loss {float(run(model, args.loop)):.4f}")
     Path("steps-done").write_text(str(os.getpid()))

@@ -76,6 +76,7 @@ def jobs(tmp_path_factory, request):
         if isinstance(command, Launch):
             command = [sys.executable, "-m", "tinymodel.worker", *command.argv()]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]), TMPDIR=str(folder / "tmp"))
+        env.pop("PYTHONUNBUFFERED", None)  # as a user's shell has it: stdout to a file is block-buffered
         argv = [sys.executable, "-m", "mtp_mask_fix", "watch", *options, "--", *command]
         with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
             started[name] = (
