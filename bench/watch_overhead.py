@@ -31,7 +31,8 @@ def _median_step(watched: bool, steps: int) -> float:
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "tinymodel.worker", "bench", "--steps", str(steps), "--out", out]
         command = [sys.executable, "-m", "mtp_mask_fix", "watch", "--", *command] if watched else command
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(VIEW), str(REPO)]))
+        # TMPDIR of its own: watch's folder, where its processes report, is then no one else's to clean up
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(VIEW), str(REPO)]), TMPDIR=out)
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
@@ -39,8 +40,9 @@ def _median_step(watched: bool, steps: int) -> float:
 
 
 def _hook_seconds_per_call(calls: int = 2000) -> float:
-    """The median time watched.py's wrapper adds to one MTP loss call (made as core makes it, by keyword, on the tiny
-    model's SFT batch), around a function that does nothing: what watch costs each call, whatever else runs."""
+    """The median time watched.py's wrapper adds to one MTP loss call (made as core 0.19 makes it, by keyword, on the
+    tiny model's SFT batch: every check runs) around a function that only passes the hidden states on, and the backward
+    hook it leaves: what watch costs each call, whatever else runs."""
     import time
 
     import torch
@@ -48,17 +50,18 @@ def _hook_seconds_per_call(calls: int = 2000) -> float:
     from mtp_mask_fix import watched
     from tinymodel import gpt
 
-    def stand_in(hidden_states, labels, loss_mask, is_training):
-        return hidden_states
+    def stand_in(hidden_states, labels, loss_mask, is_training, input_ids):
+        return hidden_states * 1  # a tensor of its own, as core's MTPLossAutoScaler returns
 
     bare, wrapped, batch = stand_in, watched._wrap(stand_in), gpt.make_sft_batch()
     hidden = torch.zeros(2 * batch["labels"].numel(), gpt.HIDDEN, requires_grad=True)
     call = dict(hidden_states=hidden, labels=batch["labels"], loss_mask=batch["loss_mask"], is_training=True)
+    call.update(input_ids=batch["tokens"])
     times = {bare: [], wrapped: []}
     for _ in range(calls):
         for function in (bare, wrapped):
             start = time.perf_counter()
-            function(**call)
+            function(**call).sum().backward()
             times[function].append(time.perf_counter() - start)
     return statistics.median(times[wrapped]) - statistics.median(times[bare])
 

@@ -70,7 +70,7 @@ def _trained(call: dict, where: str | None, grad) -> None:
     """A backward reached the call's MTP loss: it trains, so its counts are judged (once, whatever the backwards)."""
     if call:
         seen.update(call, trained=1)
-        if CONFIG.get("strict") and bool(call["against"]):
+        if CONFIG.get("strict") and bool(call.get("against")):
             seen["where"] = where
             for stream in (sys.stdout, sys.stderr):  # os._exit flushes nothing
                 with contextlib.suppress(Exception):
