@@ -200,3 +200,37 @@ def test_a_ranks_forks_count_as_the_rank_and_stages_without_the_loss_get_no_line
 def test_training_and_evaluation_calls_are_counted_apart():
     text, _ = verdict("job", 0, [report("0", 10, calls=7, trained=4, positions=10)])
     assert "MTP loss calls trained 4, evaluated 3:" in text
+
+
+TRAINS = {  # a stand-in MTP loss with the arguments core's has, passing the hidden states on as core's does
+    GPT_MODEL: "from megatron.core.transformer.multi_token_prediction import process_mtp_loss\n",
+    "megatron/core/transformer/multi_token_prediction.py": "def process_mtp_loss(hidden_states, labels, loss_mask, "
+    "input_ids=None):\n    return hidden_states * 1\n",
+}
+
+
+def test_a_job_stopped_through_watch_after_masked_steps_prints_its_counts_and_exits_128_plus_n(env, tmp_path):
+    """Two trained calls with the batch's mask, then SIGTERM to watch alone (as `timeout` sends it)."""
+    env = dict(env, **core(tmp_path / "core", TRAINS))
+    job = f"import os, time, torch; {IMPORT_GPT} as g; inputs = torch.arange(10)[None]; labels = inputs.roll(-1)\n"
+    job += "for _ in range(2):\n    h = torch.ones(20, 1, requires_grad=True)\n"
+    job += "    g.process_mtp_loss(h, labels, torch.ones(1, 10), input_ids=inputs).sum().backward()\n"
+    job += "open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
+    watch = subprocess.Popen(
+        [PY, "-m", "mtp_mask_fix", "watch", "--", PY, "-c", job],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert watch.poll() is None, watch.communicate()
+        time.sleep(0.05)
+    watch.send_signal(signal.SIGTERM)
+    out, err = watch.communicate(timeout=60)
+    assert (watch.returncode, err) == (128 + signal.SIGTERM, "")
+    assert out.startswith("mtp-mask-fix watch: ") and out.count("\n") == 1, out
+    counts = "MTP loss calls trained 2, evaluated 0: 0 without loss_mask, 0 without labels, 2 with an all-ones mask"
+    assert counts in out and out.endswith("; stopped by SIGTERM\n"), out
+    assert list((tmp_path / "tmp").iterdir()) == []
