@@ -22,6 +22,7 @@ LOOKED_FOR = f"{MTP}.process_mtp_loss (megatron-core 0.17 on), or the inline one
 CONFIG = json.loads(os.environ.get("MTP_MASK_FIX_WATCH", "{}"))  # {"steps": N or null, "strict": its exit code or 0}
 EVERY = 10.0  # seconds between a process's reports while it runs: what a SIGKILL can lose
 SHIFTS = (1, 0, 2, 3)  # label[i] = input[i + shift]: the contract's first, so that it wins a tie
+PADDING_RUN = 8  # a row's trailing run of one token at least this long is padding (a text rarely ends so)
 COUNTS = ("calls", "trained", "no_mask", "no_labels", "ones", "masked", "positions", "against", "padding", "padded")
 COUNTS += tuple(f"shift {k}" for k in SHIFTS[1:])
 seen, found, _exit, _import, _due = collections.Counter(), [], os._exit, builtins.__import__, [0.0]
@@ -57,10 +58,10 @@ def _observe(c: dict) -> dict | None:
         call.update(
             {f"shift {k}": best == i for i, k in enumerate(SHIFTS) if i}, against=call["against"] | (best != 0)
         )
-    if mask is not None:  # a row's trailing run of one token, 3 or more long, after its first (a text's own EOS)
+    if mask is not None:  # padding: a row's trailing run after its first token (a text's own EOS, when EOS pads)
         rows = aligned.reshape(-1, aligned.shape[-1])
         run = (rows == rows[:, -1:]).flip(-1).cumprod(-1).flip(-1).bool()
-        run &= run.sum(-1, keepdim=True) >= 3
+        run &= run.sum(-1, keepdim=True) >= PADDING_RUN
         padded = (run[:, 1:] & run[:, :-1] & counted.reshape(rows.shape)[:, 1:]).sum()
         call.update(ones=counted.all(), padded=padded, padding=padded > 0, against=call["against"] | (padded > 0))
     return call

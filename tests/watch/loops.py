@@ -37,8 +37,9 @@ def _response_mask(batch: dict, width: int | None = None) -> torch.Tensor:
 
 
 def _pretraining() -> dict:
-    """Rows cut from a token stream: no padding, every position counts."""
+    """Rows cut from a token stream: no padding, every position counts; one row ends in a token repeated 5 times."""
     text = torch.randint(2, gpt.VOCAB, (3, 25), generator=torch.Generator().manual_seed(1))
+    text[0, -5:] = 7  # text, not padding
     return {"tokens": text[:, :-1], "labels": text[:, 1:], "loss_mask": torch.ones(3, 24)}
 
 
