@@ -19,7 +19,8 @@ JUDGED = ("trained", "calls", "no_mask", "no_labels", "against", "padding", *(f"
 
 
 def watch(args) -> tuple[str, Exit]:
-    """CMD leads a process group of its own (a signal to watch goes to all of it, once); then what it reported."""
+    """CMD leads a process group of its own (a signal to watch goes to all of it once, a second ends it); then what it
+    reported."""
     command, steps = args.cmd, args.steps
     if steps is not None and steps < 1:
         raise ToolError(f"watch: --steps {steps}: not a number of calls (1 or more)")
@@ -79,16 +80,16 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
         f"  rank {who}: {_counts(ranks[who])}{_against(ranks[who])}" for who in sorted(shapes) if shapes[who] != usual
     ]
     ran = [who for who, c in ranks.items() if c["calls"]]  # a rank once, whatever it forked (its data loader)
-    where = f"{len(ran)} rank(s)" if all(isinstance(who, int) for who in ran) else f"{len(ran)} process(es)"
-    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {where}){_against(total)}"
+    run_in = f"{len(ran)} rank(s)" if all(isinstance(who, int) for who in ran) else f"{len(ran)} process(es)"
+    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
     if strict := next((r["where"] for r in reports if r["where"]), None):
         head += f"; stopped (--strict) at {strict}"  # the job's code is then the stop's
     elif stopped:
         head += f"; stopped by {stopped.name}"
     elif code:
         head += f"; {name} {ended}"
-    own = stopped.code if stopped else 128 - code if code < 0 else code
-    return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else own
+    otherwise = stopped.code if stopped else 128 - code if code < 0 else code
+    return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
 
 def _counts(c: dict) -> str:

@@ -90,15 +90,10 @@ def _caller() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else "?"
 
 
-def current_report() -> dict:
-    """This process's counts so far, read off their devices: the one synchronisation, never at a call."""
-    report = {key: int(seen[key]) for key in COUNTS}
-    return dict(report, rank=os.environ.get("RANK"), pid=os.getpid(), where=seen.get("where"))
-
-
 def _report():
-    if found:
-        report = current_report()
+    if found:  # the counts read off their devices: the one synchronisation, never at a call
+        report = {key: int(seen[key]) for key in COUNTS}
+        report.update(rank=os.environ.get("RANK"), pid=os.getpid(), where=seen.get("where"))
         path = os.path.join(HERE, str(os.getpid()))
         with contextlib.suppress(OSError):  # watch has ended, and its folder with it
             with open(path + ".tmp", "w") as out:
