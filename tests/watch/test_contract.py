@@ -72,6 +72,9 @@ def wrap(monkeypatch, tmp_path):
         monkeypatch.delenv("RANK", raising=False)
         monkeypatch.setattr(watched, "HERE", str(tmp_path))  # watch's folder
         monkeypatch.setattr(watched, "found", [function])
+        monkeypatch.setattr(
+            watched, "_due", [0.0], raising=False
+        )  # a report due at the first call, as in a new process
         watched.seen.clear()
 
     yield wrapped
@@ -120,3 +123,15 @@ def test_watching_changes_no_loss_and_no_gradient(model, wrap, tmp_path, loop):
     assert reported(tmp_path).get("trained") == 1
     assert seen[0] == bare[0] and bare[1].keys() == seen[1].keys() and bare[1]
     assert [name for name in bare[1] if not torch.equal(bare[1][name], seen[1][name])] == []
+
+
+def test_a_process_reports_while_it_runs(model, wrap, tmp_path, monkeypatch):
+    """Every so many seconds, at a call (here at each one): what a SIGKILL later cannot take away."""
+    wrap()
+    monkeypatch.setattr(watched, "EVERY", 0.0, raising=False)
+    for _ in range(2):
+        loops.run(model, "sft")
+    written = tmp_path / f"{os.getpid()}.json"
+    assert written.exists()
+    report = json.loads(written.read_text())
+    assert (report["calls"], report.get("trained")) == (2, 1)  # the second call reports before its backward
