@@ -63,7 +63,8 @@ def _run(mode: str, tree: Path, ranks: int, *args: str, watched: bool = False) -
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "tinymodel.worker", mode, "--ranks", str(ranks), "--out", out, *args]
         command = [sys.executable, "-m", "mtp_mask_fix", "watch", "--", *command] if watched else command
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]))
+        # TMPDIR of its own: watch's folder, where its processes report, is no one else's to clean up.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]), TMPDIR=out)
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         if not (Path(out) / "rank0.pt").exists():
             raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")

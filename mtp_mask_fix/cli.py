@@ -132,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", reads)
-    p = sub.add_parser("watch", help="run CMD as it is: does megatron-core's MTP loss get the batch's loss_mask?")
+    p = sub.add_parser("watch", help="run CMD as it is: does megatron-core's MTP loss train on what it assumes?")
     p.set_defaults(func=watch.watch)
-    p.add_argument("--strict", action="store_true", help="stop at the first unmasked MTP loss, naming its caller")
+    p.add_argument("--strict", action="store_true", help="stop at the first call against it, naming its caller")
     p.add_argument("--steps", metavar="N", type=int, help="count each process's first N MTP loss calls only")
     p.add_argument("cmd", metavar="CMD", nargs="*", help="after --: the job, e.g. torchrun ... pretrain.py ...")
     return parser

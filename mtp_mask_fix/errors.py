@@ -21,7 +21,7 @@ class Exit(IntEnum):
         "a check failed or tested nothing (a behaviour probe, red/green, a gate row, a figure), or a killed run left files",
     )
     BUSY = 6, "another mtp-mask-fix process held the target for longer than the wait: nothing changed"
-    UNMASKED = 7, "`watch`: an MTP loss trained without the batch's loss_mask (else CMD's code; 5 if no MTP loss ran)"
+    UNMASKED = 7, "`watch`: an MTP loss trained against its contract (no mask, shifted labels, padding counted)"
     INTERRUPTED = 128, "128 + n: signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); its line says what it left"
 
 

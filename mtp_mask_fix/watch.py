@@ -10,12 +10,17 @@ import tempfile
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.signals import Interrupted, held
-from mtp_mask_fix.watched import COUNTS, LOOKED_FOR
+from mtp_mask_fix.signals import SIGNALS, Interrupted
+from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS
+
+
+UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
+JUDGED = ("trained", "calls", "no_mask", "no_labels", "against", "padding", *(f"shift {k}" for k in SHIFTS[1:]))
 
 
 def watch(args) -> tuple[str, Exit]:
-    """CMD leads a process group of its own (a signal to watch goes to all of it, once); then what it reported."""
+    """CMD leads a process group of its own (a signal to watch goes to all of it once, a second ends it); then what it
+    reported."""
     command, steps = args.cmd, args.steps
     if steps is not None and steps < 1:
         raise ToolError(f"watch: --steps {steps}: not a number of calls (1 or more)")
@@ -25,38 +30,78 @@ def watch(args) -> tuple[str, Exit]:
         (Path(folder) / "sitecustomize.py").symlink_to(Path(__file__).with_name("watched.py"))
         config = {"PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
         config["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": Exit.UNMASKED * args.strict})
-        job = subprocess.Popen(command, env=dict(os.environ, **config), start_new_session=True)
+        job, stopped = subprocess.Popen(command, env=dict(os.environ, **config), start_new_session=True), None
         try:
             code = job.wait()
         except Interrupted as exc:
-            with held(), contextlib.suppress(ProcessLookupError):  # it may have ended already
-                os.killpg(job.pid, signal.Signals[exc.name])
-                job.wait()
-            raise
-        return verdict(command[0], code, [json.loads(p.read_text()) for p in Path(folder).glob("*.json")])
+            stopped, code = exc, _code_once_stopped(job, signal.Signals[exc.name])
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the job has ended: what it reported stands
+        return verdict(command[0], code, [json.loads(p.read_text()) for p in Path(folder).glob("*.json")], stopped)
 
 
-def verdict(name: str, code: int, reports: list[dict]) -> tuple[str, Exit]:
-    """The job's line (every process that has the MTP loss), one per rank unlike most ranks, and the exit code."""
+def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
+    """The job's exit code once sig has gone to its process group; a second signal to watch ends that group."""
+    while True:
+        try:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended already
+                os.killpg(job.pid, sig)
+            return job.wait()
+        except Interrupted:
+            sig = signal.SIGKILL
+
+
+def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | None = None) -> tuple[str, Exit]:
+    """The job's line, one per rank that ran the MTP loss with judged counts unlike most such ranks', and the code.
+
+    Args:
+        name: the command.
+        code: its exit code (-n: killed by signal n).
+        reports: each watched process's last report.
+        stopped: the signal watch passed on to the job, if any.
+
+    Returns:
+        The lines, and 7 when an MTP loss trained against the contract, else 128+n, else the command's code.
+    """
     total, ranks = {key: sum(r[key] for r in reports) for key in COUNTS}, {}
-    for r in (r for r in reports if r["rank"] is not None):  # a rank's processes add up (its data loader's too)
-        ranks[int(r["rank"])] = tuple(a + r[k] for a, k in zip(ranks.get(int(r["rank"]), (0,) * len(COUNTS)), COUNTS))
-    shapes = list(ranks.values())
-    usual = next((shape for shape in shapes if 2 * shapes.count(shape) > len(shapes)), None)  # that of most ranks
-    lines = [f"  rank {rank}: {_counts(dict(zip(COUNTS, c)))}" for rank, c in sorted(ranks.items()) if c != usual]
-    if code and not total["unmasked"]:
-        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"ended with exit code {code}"
-        raise ToolError(f"watch: {name} {how}", 128 - code if code < 0 else code)
-    if not total["calls"]:  # each process that has it reports
-        said = f"megatron-core's MTP loss found in {len(reports)} process(es), run in none (looked for {LOOKED_FOR})"
-        raise ToolError(f"watch: {name}: {said}", Exit.FAILED)
-    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (in {len(reports)} process(es) holding it)"
-    if total["unmasked"]:
-        head += f": {total['unmasked']} trained without a loss_mask (core's MTP loss then counts every position)"
-        head += next((f"; stopped (--strict) at {r['where']}" for r in reports if r["where"]), "")
-    return "\n".join([head, *lines]), Exit.UNMASKED if total["unmasked"] else Exit.OK
+    for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
+        ranks.setdefault(int(r["rank"]) if r["rank"] is not None else f"pid {r['pid']}", []).append(r)
+    ranks = {who: {key: sum(r[key] for r in rs) for key in COUNTS} for who, rs in ranks.items()}
+    ended = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"ended with exit code {code}"
+    if not total["calls"]:
+        if stopped:
+            raise stopped
+        if code:
+            raise ToolError(f"watch: {name} {ended}", 128 - code if code < 0 else code)
+        said = f"MTP loss calls: none seen (megatron-core's MTP loss found in {len(ranks)} process(es), looked for"
+        raise ToolError(f"watch: {name}: {said} {LOOKED_FOR}); {UNSEEN}", Exit.FAILED)
+    shapes = {who: tuple(c[key] for key in JUDGED) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
+    usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
+    lines = [
+        f"  rank {who}: {_counts(ranks[who])}{_against(ranks[who])}" for who in sorted(shapes) if shapes[who] != usual
+    ]
+    ran = [who for who, c in ranks.items() if c["calls"]]  # a rank once, whatever it forked (its data loader)
+    run_in = f"{len(ran)} rank(s)" if all(isinstance(who, int) for who in ran) else f"{len(ran)} process(es)"
+    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
+    if strict := next((r["where"] for r in reports if r["where"]), None):
+        head += f"; stopped (--strict) at {strict}"  # the job's code is then the stop's
+    elif stopped:
+        head += f"; stopped by {stopped.name}"
+    elif code:
+        head += f"; {name} {ended}"
+    otherwise = stopped.code if stopped else 128 - code if code < 0 else code
+    return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
 
-def _counts(r: dict) -> str:
-    masked = f"{r['ones']} with an all-ones mask; {r['masked'] / (r['positions'] or 1):.1%} of positions masked"
-    return f"MTP loss calls {r['calls']}: {r['no_mask']} without loss_mask, {r['no_labels']} without labels, {masked}"
+def _counts(c: dict) -> str:
+    """What a job's (or a rank's) MTP loss calls were handed; all but the first two figures are of the trained ones."""
+    masked = f"{c['ones']} with an all-ones mask; {c['masked'] / (c['positions'] or 1):.1%} of positions masked"
+    said = f"{c['no_mask']} without loss_mask, {c['no_labels']} without labels, {masked}"
+    return f"MTP loss calls trained {c['trained']}, evaluated {c['calls'] - c['trained']}: {said}"
+
+
+def _against(c: dict) -> str:
+    """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; empty if none did."""
+    said = [f"{c['no_mask']} without a loss_mask (core's MTP loss then counts every position)"] * bool(c["no_mask"])
+    said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
+    said += [f"{c['padding']} with a mask that counts padding ({c['padded']} positions)"] * bool(c["padding"])
+    return f": {c['against']} trained against the contract: {'; '.join(said)}" if c["against"] else ""

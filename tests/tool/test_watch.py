@@ -1,6 +1,7 @@
-"""`mtp-mask-fix watch` without the tiny model: its bad input, a command that dies or is interrupted, a sitecustomize
-of the user's that keeps working, and the one line it says of a megatron-core it cannot watch (a stand-in package
-first on the import path). tests/watch runs it on the real tiny model."""
+"""`mtp-mask-fix watch` without the tiny model: its bad input, a command that dies or is interrupted (once, or twice
+for a job that ignores the first), a sitecustomize of the user's that keeps working, the one line it says of a
+megatron-core it cannot watch (a stand-in package first on the import path), and which ranks get a line of their
+own. tests/watch runs it on the real tiny model."""
 
 import os
 import signal
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mtp_mask_fix.watched import LOOKED_FOR
+from mtp_mask_fix.errors import Exit
+from mtp_mask_fix.watch import verdict
+from mtp_mask_fix.watched import COUNTS, LOOKED_FOR
 
 
 PY = sys.executable
@@ -43,7 +46,10 @@ NEVER_RAN = {
 }
 
 
-NOT_FOUND = f"megatron-core's MTP loss found in 0 process(es), run in none (looked for {LOOKED_FOR})"
+NOT_FOUND = (
+    f"MTP loss calls: none seen (megatron-core's MTP loss found in 0 process(es), looked for {LOOKED_FOR}); "
+    "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
+)
 
 
 @pytest.fixture
@@ -64,7 +70,12 @@ CASES = {  # argv after `watch`, the stand-in core (or none), exit code, what th
     "no megatron-core": (("--", PY, "-c", "pass"), None, 5, NOT_FOUND),
     "a core whose MTP loss moved": (("--", PY, "-c", IMPORT_GPT), MOVED, 5, NOT_FOUND),
     "a core without MTP": (("--", PY, "-c", IMPORT_GPT), WITHOUT_MTP, 5, NOT_FOUND),
-    "an MTP loss that never ran": (("--", PY, "-c", IMPORT_GPT), NEVER_RAN, 5, "found in 1 process(es), run in none"),
+    "an MTP loss that never ran": (
+        ("--", PY, "-c", IMPORT_GPT),
+        NEVER_RAN,
+        5,
+        "none seen (megatron-core's MTP loss found in 1",
+    ),
 }
 
 
@@ -86,7 +97,7 @@ def test_the_users_sitecustomize_still_runs(cli, env, tmp_path):
     code = f"{IMPORT_GPT}; import os, sitecustomize; print(os.environ['USER_SITE_RAN'], sitecustomize.__file__)"
     result = cli("watch", "--", PY, "-c", code, env=env)
     assert result.stdout == f"1 {tmp_path / 'site' / 'sitecustomize.py'}\n", result.stderr
-    assert "found in 1 process(es), run in none" in result.stderr  # and watch's own ran too
+    assert "none seen (megatron-core's MTP loss found in 1 process(es)" in result.stderr  # and watch's own ran too
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -114,4 +125,112 @@ def test_interrupted_the_job_ends_and_nothing_is_left(env, tmp_path, signum):
     assert err == f"mtp-mask-fix: error: interrupted by {signum.name}: nothing changed\n"
     with pytest.raises(ProcessLookupError):
         os.kill(int((tmp_path / "pid").read_text()), 0)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_second_signal_ends_a_job_that_ignores_the_first(env, tmp_path):
+    """Ctrl-C twice at a terminal (SIGINT to watch's process group each time): the job, which ignores SIGINT, and the
+    child it started end at the second; watch exits 130."""
+    env = dict(env, **core(tmp_path / "core", NEVER_RAN))
+    child = "import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
+    job = f"import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); {IMPORT_GPT}; {child}; "
+    job += "open('pids', 'w').write(f'{child.pid}'); time.sleep(60)"
+    watch = subprocess.Popen(
+        [PY, "-m", "mtp_mask_fix", "watch", "--", PY, "-c", job],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    while not (tmp_path / "pids").exists() or not (tmp_path / "pids").read_text():
+        assert watch.poll() is None, watch.communicate()
+        time.sleep(0.05)
+    os.killpg(watch.pid, signal.SIGINT)
+    with pytest.raises(subprocess.TimeoutExpired):  # the job ignores it, and watch waits for the job
+        watch.wait(timeout=2)
+    os.killpg(watch.pid, signal.SIGINT)
+    try:
+        out, err = watch.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        out, err = "", "still waiting for the job 20 s after the second SIGINT"
+        watch.kill()
+    assert (watch.returncode, out, err) == (130, "", "mtp-mask-fix: error: interrupted by SIGINT: nothing changed\n")
+    stat = Path(f"/proc/{(tmp_path / 'pids').read_text()}/stat")
+    for _ in range(100):  # gone, or a zombie its new parent has not reaped yet (a container's init may never)
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the job's child still runs: {stat.read_text()}")
+
+
+def report(rank: str | None, pid: int, **counts: int) -> dict:
+    """A watched process's report: counts (the rest 0) of rank (None: a process without one)."""
+    return dict(dict.fromkeys(COUNTS, 0), rank=rank, pid=pid, where=None, **counts)
+
+
+TRAINED = dict(calls=4, trained=4, positions=100)
+
+
+def test_data_parallel_ranks_that_differ_only_in_their_data_print_the_job_line_alone():
+    reports = [report(str(rank), 10 + rank, **TRAINED, masked=40 + rank, ones=rank % 2) for rank in range(4)]
+    text, code = verdict("job", 0, reports)
+    assert (code, text.count("\n")) == (Exit.OK, 0), text
+    assert "(run in 4 rank(s))" in text
+
+
+def test_a_rank_unlike_the_others_gets_its_line():
+    reports = [report(str(rank), 10 + rank, **TRAINED) for rank in range(3)]
+    reports.append(report("3", 13, **TRAINED, no_mask=4, against=4))
+    text, code = verdict("job", 0, reports)
+    assert code == Exit.UNMASKED
+    assert [line.split(":")[0] for line in text.splitlines()[1:]] == ["  rank 3"], text
+
+
+def test_a_ranks_forks_count_as_the_rank_and_stages_without_the_loss_get_no_line():
+    """Rank 1's data loader worker (a fork: its own pid, its rank's RANK) and rank 0, a pipeline stage without MTP."""
+    reports = [report("0", 10), report("1", 11, **TRAINED), report("1", 12), report(None, 9)]
+    text, code = verdict("job", 0, reports)
+    assert (code, text.count("\n")) == (Exit.OK, 0), text
+    assert "MTP loss calls trained 4, evaluated 0:" in text and "(run in 1 rank(s))" in text
+
+
+def test_training_and_evaluation_calls_are_counted_apart():
+    text, _ = verdict("job", 0, [report("0", 10, calls=7, trained=4, positions=10)])
+    assert "MTP loss calls trained 4, evaluated 3:" in text
+
+
+TRAINS = {  # a stand-in MTP loss with the arguments core's has, passing the hidden states on as core's does
+    GPT_MODEL: "from megatron.core.transformer.multi_token_prediction import process_mtp_loss\n",
+    "megatron/core/transformer/multi_token_prediction.py": "def process_mtp_loss(hidden_states, labels, loss_mask, "
+    "input_ids=None):\n    return hidden_states * 1\n",
+}
+
+
+def test_a_job_stopped_through_watch_after_masked_steps_prints_its_counts_and_exits_128_plus_n(env, tmp_path):
+    """Two trained calls with the batch's mask, then SIGTERM to watch alone (as `timeout` sends it)."""
+    env = dict(env, **core(tmp_path / "core", TRAINS))
+    job = f"import os, time, torch; {IMPORT_GPT} as g; inputs = torch.arange(10)[None]; labels = inputs.roll(-1)\n"
+    job += "for _ in range(2):\n    h = torch.ones(20, 1, requires_grad=True)\n"
+    job += "    g.process_mtp_loss(h, labels, torch.ones(1, 10), input_ids=inputs).sum().backward()\n"
+    job += "open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
+    watch = subprocess.Popen(
+        [PY, "-m", "mtp_mask_fix", "watch", "--", PY, "-c", job],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+        assert watch.poll() is None, watch.communicate()
+        time.sleep(0.05)
+    watch.send_signal(signal.SIGTERM)
+    out, err = watch.communicate(timeout=60)
+    assert (watch.returncode, err) == (128 + signal.SIGTERM, "")
+    assert out.startswith("mtp-mask-fix watch: ") and out.count("\n") == 1, out
+    counts = "MTP loss calls trained 2, evaluated 0: 0 without loss_mask, 0 without labels, 2 with an all-ones mask"
+    assert counts in out and out.endswith("; stopped by SIGTERM\n"), out
     assert list((tmp_path / "tmp").iterdir()) == []

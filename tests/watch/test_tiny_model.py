@@ -5,17 +5,23 @@ runs it (`python -m tinymodel.worker`, whose ranks fork from a fresh process, or
   every gradient are bit-identical to this session's unwatched step; on the release as shipped, PP2 reports each
   rank, and --strict stops at the first call, naming Bridge's call of the model;
 - torchrun, two ranks calling the model themselves: Megatron-LM's way (labels, loss_mask) is silent, a label-less
-  call (core derives the labels from input_ids) is reported.
+  call (core derives the labels from input_ids) is reported; two data-parallel ranks that differ only in their data
+  print the job's line alone;
+- a loop of tests/watch/loops.py stopped through watch, or ending with exit 3, still has its counts printed, and
+  --strict keeps what the job printed before it stopped the job.
 
-Every expected count comes from the batches; a watch that reports nothing fails each case. Each job's processes
+Every expected count comes from the batches; a watch that reports nothing fails each case. Only the jobs of the
+selected tests start; the multi-rank ones are in `./run test --all`. Each job's processes
 also load this environment's own sitecustomize (tinymodel/site: the TransformerEngine stub Megatron-Bridge's import
 needs), which watch's hides and runs.
 """
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +31,7 @@ import torch
 from maintain.repo import REPO, VIEW, pins, release
 from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.paths import GPT_STEP
-from tinymodel import cpu_runtime, gpt
+from tinymodel import cpu_runtime, gpt, pipeline
 from tinymodel.reference import changed_grads
 from tinymodel.worker import Launch
 
@@ -34,31 +40,49 @@ RELEASE = release(pins()["megatron-bridge"]).root
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 OUT = Path("out")  # in each job's folder
 STEP = ("--function", "tests.watch.one_step:step", "--arg", "")
+RANKS, LOOPS = (
+    str(Path(__file__).with_name("rank_calls.py")),
+    [sys.executable, str(Path(__file__).with_name("loops.py"))],
+)
 JOBS = {  # name: (watch's options, the command: a worker run of its tree, or one with the view first on the path)
     "view": ((), Launch("call", VIEW, 1, OUT, STEP)),
     "strict": (("--strict",), Launch("call", RELEASE, 1, OUT, STEP)),
     "pp2": (("--steps", "3"), Launch("pipeline", RELEASE, 2, OUT)),
-    "torchrun": ((), [*TORCHRUN, str(Path(__file__).with_name("rank_calls.py"))]),
+    "pp2 patched": ((), Launch("pipeline", VIEW, 2, OUT)),
+    "torchrun": ((), [*TORCHRUN, RANKS, "mixed"]),
+    "data-parallel": ((), [*TORCHRUN, RANKS, "data-parallel"]),
+    "SIGINT": ((), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
+    "SIGTERM": ((), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
+    "exit 3": ((), [*LOOPS, "sft", "--steps", "2", "--then", "exit-3"]),
+    "strict, stdout to a file": (("--strict",), [*LOOPS, "no mask"]),
 }
 COUNTS = re.compile(
-    r"MTP loss calls (\d+): (\d+) without loss_mask, (\d+) without labels, (\d+) with an all-ones mask; "
-    r"([\d.]+)% of positions masked"
+    r"MTP loss calls trained (\d+), evaluated (\d+): (\d+) without loss_mask, (\d+) without labels, "
+    r"(\d+) with an all-ones mask; ([\d.]+)% of positions masked"
 )
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory):
-    """Every job started now; each test waits for its own: name -> folder, Popen (stdout, stderr in the folder)."""
-    started = {}
-    for name, (options, command) in JOBS.items():
+def jobs(tmp_path_factory, request):
+    """The selected tests' jobs started now; each test waits for its own: name -> folder, Popen (stdout, stderr in the
+    folder)."""
+    started, chosen = (
+        {},
+        {item.callspec.params.get("watched") for item in request.session.items if hasattr(item, "callspec")},
+    )
+    for name, (options, command) in ((name, job) for name, job in JOBS.items() if name in chosen):
         folder, tree = tmp_path_factory.mktemp(name), command.tree if isinstance(command, Launch) else VIEW
         (folder / "tmp").mkdir()
         if isinstance(command, Launch):
             command = [sys.executable, "-m", "tinymodel.worker", *command.argv()]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]), TMPDIR=str(folder / "tmp"))
+        env.pop("PYTHONUNBUFFERED", None)  # as a user's shell has it: stdout to a file is block-buffered
         argv = [sys.executable, "-m", "mtp_mask_fix", "watch", *options, "--", *command]
         with open(folder / "stdout", "w") as out, open(folder / "stderr", "w") as err:
-            started[name] = folder, subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=err)
+            started[name] = (
+                folder,
+                subprocess.Popen(argv, cwd=folder, env=env, stdout=out, stderr=err, start_new_session=True),
+            )
     yield started
     for _, job in started.values():  # one a failed test left running: watch stops its command, then itself
         job.terminate()
@@ -67,8 +91,9 @@ def jobs(tmp_path_factory):
 
 @dataclass
 class Watched:
-    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (calls, without loss_mask, without labels,
-    with an all-ones mask, % masked)}, the job's line, watch's folders left in TMPDIR, the job's folder."""
+    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (trained, evaluated, without loss_mask,
+    without labels, with an all-ones mask, % masked)}, the job's line, watch's folders left in TMPDIR, the job's
+    folder."""
 
     code: int
     report: dict[str, tuple]
@@ -85,6 +110,11 @@ class Watched:
 def watched(jobs, request) -> Watched:
     """The job the test's parameter names, once it has ended."""
     folder, job = jobs[request.param]
+    if request.param in ("SIGINT", "SIGTERM"):  # stopped as a user stops it, once its steps have run
+        while not (folder / "steps-done").exists():
+            assert job.poll() is None, (folder / "stderr").read_text()[-3000:]
+            time.sleep(0.1)
+        os.kill(job.pid, signal.Signals[request.param])
     code = job.wait(timeout=600)
     lines = (folder / "stdout").read_text().splitlines()  # the job's own output comes first: the stream is shared
     lines = lines[max((i for i, line in enumerate(lines) if line.startswith("mtp-mask-fix watch:")), default=0) :]
@@ -92,7 +122,7 @@ def watched(jobs, request) -> Watched:
     for line in lines:
         if counts := COUNTS.search(line):
             who = "job" if line.startswith("mtp-mask-fix watch:") else line.split(":")[0].strip()
-            report[who] = (*map(int, counts.groups()[:4]), float(counts.group(5)))
+            report[who] = (*map(int, counts.groups()[:5]), float(counts.group(6)))
     left = list((folder / "tmp").glob("mtp-mask-fix-*"))  # the job's own files may stay (torch's caches)
     return Watched(code, report, lines[0] if lines else "", left, folder)
 
@@ -121,7 +151,7 @@ def unwatched_step():
 
 @pytest.mark.parametrize("watched", ["view"], indirect=True)
 def test_bridge_patched_is_silent_and_the_step_bit_identical(watched, unwatched_step):
-    silent = (Exit.OK, {"job": (1, 0, 0, 0, masked(MASK))}, [])  # one call, its mask: no line of a rank
+    silent = (Exit.OK, {"job": (1, 0, 0, 0, 0, masked(MASK))}, [])  # one call, its mask: no line of a rank
     assert (watched.code, watched.report, watched.left) == silent, watched.log
     step = torch.load(watched.folder / OUT / "rank0.pt", weights_only=False)["step"]
     assert (step.lm_loss, step.mtp_losses, step.grad_norm) == (
@@ -132,19 +162,29 @@ def test_bridge_patched_is_silent_and_the_step_bit_identical(watched, unwatched_
     assert step.grads and changed_grads(step.grads, unwatched_step.grads) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["pp2"], indirect=True)
-def test_bridge_unpatched_on_pp2_reports_each_rank(watched):
+def test_bridge_unpatched_on_pp2_reports_the_last_stages_calls(watched):
     """--steps 3: rank 1 (the last stage, MTP) counts 3 of its calls (the step's micro-batches, then the perturbed
-    copy's) and the job runs to its end; rank 0 has none."""
-    ranks = {"job": (3, 3, 0, 0, 0.0), "rank 0": (0, 0, 0, 0, 0.0), "rank 1": (3, 3, 0, 0, 0.0)}
-    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, ranks, []), watched.log
-    assert "3 trained without a loss_mask" in watched.head
+    copy's), each trained, and the job runs to its end; rank 0 runs none, which is no line of its own."""
+    unmasked = (Exit.UNMASKED, {"job": (3, 0, 3, 0, 0, 0.0)}, [])
+    assert (watched.code, watched.report, watched.left) == unmasked, watched.log
+    assert "3 trained against the contract: 3 without a loss_mask" in watched.head
     assert sorted(p.name for p in (watched.folder / OUT).glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("watched", ["pp2 patched"], indirect=True)
+def test_bridge_patched_on_pp2_is_silent(watched):
+    """Both steps' two micro-batches, each trained with its mask on the last stage."""
+    masks = [batch["loss_mask"] for batch in pipeline.micro_batches()]
+    assert (watched.code, watched.report, watched.left) == (Exit.OK, {"job": (4, 0, 0, 0, 0, masked(*masks))}, [])
 
 
 @pytest.mark.parametrize("watched", ["strict"], indirect=True)
 def test_bridge_unpatched_strict_stops_at_the_forward_steps_call(watched):
-    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (1, 1, 0, 0, 0.0)}, []), watched.log
+    stopped = (Exit.UNMASKED, {"job": (1, 0, 1, 0, 0, 0.0)}, [])
+    assert (watched.code, watched.report, watched.left) == stopped, watched.log
     where = re.search(r"stopped \(--strict\) at (.+):(\d+) in (\w+)$", watched.head)
     assert where, watched.head
     assert (where[1], where[3]) == (str(RELEASE / GPT_STEP), "_forward_step_common")
@@ -152,12 +192,46 @@ def test_bridge_unpatched_strict_stops_at_the_forward_steps_call(watched):
     assert not (watched.folder / OUT / "rank0.pt").exists()  # stopped before the step ended
 
 
+@pytest.mark.parametrize("watched", ["strict, stdout to a file"], indirect=True)
+def test_strict_keeps_what_the_job_printed(watched):
+    assert (watched.code, watched.report["job"]) == (Exit.UNMASKED, (1, 0, 1, 0, 0, 0.0)), watched.log
+    job = (watched.folder / "stdout").read_text().splitlines()
+    assert job[0] == "no mask: 1 step(s)"  # printed before the stop, buffered: a file is no terminal
+    assert re.search(r"stopped \(--strict\) at .+loops\.py:\d+ in run$", watched.head), watched.head
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["torchrun"], indirect=True)
 def test_torchrun_ranks_megatron_lm_call_silent_label_less_call_reported(watched):
     ranks = {
-        "job": (2, 1, 1, 0, masked(MASK, torch.ones_like(MASK))),  # every position of rank 1's call counts
-        "rank 0": (1, 0, 0, 0, masked(MASK)),
-        "rank 1": (1, 1, 1, 0, 0.0),
+        "job": (2, 0, 1, 1, 0, masked(MASK, torch.ones_like(MASK))),  # every position of rank 1's call counts
+        "rank 0": (1, 0, 0, 0, 0, masked(MASK)),
+        "rank 1": (1, 0, 1, 1, 0, 0.0),
     }
     assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, ranks, []), watched.log
-    assert "1 trained without a loss_mask" in watched.head
+    assert "1 trained against the contract: 1 without a loss_mask" in watched.head
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("watched", ["data-parallel"], indirect=True)
+def test_torchrun_data_parallel_ranks_print_the_job_line_alone(watched):
+    """Their masks mask different shares of their positions: that is data, not a difference in how they train."""
+    other = gpt.make_sft_batch(((8, 4), (17, 5), (6, 3)), seed=1)["loss_mask"]
+    assert masked(MASK) != masked(other)
+    silent = (Exit.OK, {"job": (2, 0, 0, 0, 0, masked(MASK, other))}, [])
+    assert (watched.code, watched.report, watched.left) == silent, watched.log
+
+
+@pytest.mark.parametrize("watched", ["SIGINT", "SIGTERM"], indirect=True)
+def test_a_job_stopped_through_watch_keeps_its_verdict(watched, request):
+    """Two unmasked steps, then a signal to watch: it passes it on once, and prints what the job reported."""
+    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (2, 0, 2, 0, 0, 0.0)}, [])
+    assert "2 trained against the contract: 2 without a loss_mask" in watched.head
+    assert watched.head.endswith(f"; stopped by {request.node.callspec.params['watched']}")
+
+
+@pytest.mark.parametrize("watched", ["exit 3"], indirect=True)
+def test_a_job_that_fails_after_masked_steps_prints_its_counts(watched):
+    assert (watched.code, watched.report, watched.left) == (3, {"job": (2, 0, 0, 0, 0, masked(MASK, MASK))}, [])
+    assert watched.head.endswith(f"; {sys.executable} ended with exit code 3"), watched.head
+    assert "against the contract" not in watched.head
