@@ -54,9 +54,14 @@ def probe() -> dict:
         seen.update(kwargs)
         return torch.zeros(2, 4)
 
-    # A job of one rank: every process group (pipeline, context, tensor parallel) is that rank's world.
+    from megatron.core import parallel_state
+
+    # A job of one rank: every process group (pipeline, context, tensor parallel) is that rank's world, set up as
+    # megatron-core sets it up, for the lines whose get_batch asks parallel_state which stage it runs.
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
     world = torch.distributed.group.WORLD
     config = SimpleNamespace(
         mtp_num_layers=1, is_hybrid_model=False, seq_length=4, overlap_moe_expert_parallel_comm=False
