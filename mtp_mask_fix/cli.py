@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mtp_mask_fix import __version__, apply, check, journal, targets, watch
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
-from mtp_mask_fix.journal import WAIT, locked
+from mtp_mask_fix.journal import WAIT, lock
 from mtp_mask_fix.paths import PACKAGE
 from mtp_mask_fix.signals import SIGNALS, Interrupted, guard
 from mtp_mask_fix.verify import verify
@@ -48,7 +48,7 @@ def _target(args, python: str) -> targets.Target:
     found = subprocess.run([python, "-c", code], capture_output=True, text=True)
     where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
-        raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
+        raise ToolError(f"{python} imports no megatron.bridge; give --python the interpreter that trains, or a TARGET")
     root = where.parent.parent
     return targets.resolve(
         str(root.parent if root.name == "src" and (root.parent / "src" / PACKAGE).is_dir() else root)
@@ -57,7 +57,7 @@ def _target(args, python: str) -> targets.Target:
 
 def cmd_check(args) -> tuple[str, Exit]:
     target = _target(args, interpreter(args.python))
-    with locked(target.root, target.label):  # a running apply or revert finishes first
+    with lock(target.root, target.label):  # a running apply or revert finishes first
         verdict = check.check(target, check.candidates())
     return str(verdict), verdict.state.code
 
@@ -76,7 +76,7 @@ def cmd_revert(args) -> tuple[str, Exit]:
 def cmd_verify(args) -> tuple[str, Exit]:
     python = interpreter(args.python)
     target = _target(args, python)
-    with locked(target.root, target.label):
+    with lock(target.root, target.label):
         if left := journal.left(target.root, check.touched(target, check.candidates())):
             raise ToolError(f"{target.label}: an interrupted run left {left}", Exit.FAILED)
         delivered, reason = verify(target, python)
@@ -89,7 +89,7 @@ def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates()  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
     target = _target(args, interpreter(args.python))
-    with locked(target.root, target.label):
+    with lock(target.root, target.label):
         verdict = check.check(target, patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
 

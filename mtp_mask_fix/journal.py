@@ -8,7 +8,9 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new byte
 WAIT = 300.0  # seconds a command waits for another's lock on TARGET: several ranks start at once
 Entries = dict[str, tuple[bytes, str]]  # file: (its bytes before, the sha256 of what replaces them)
 UNREADABLE = "naming no file it can restore: unreadable, or not the tool's"
+SCRATCH = "mtp-mask-fix-"  # the prefix of a run's temporary folders in $TMPDIR
 
 
 def digest(data: bytes | None) -> str | None:
@@ -44,7 +47,33 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def locked(root: Path, label: str, *, wait: float = WAIT, unless=None):
+def scratch():
+    """A temporary folder in $TMPDIR, locked while its run lives, so that the next run removes it if that one is killed."""
+    for stale in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*"):
+        with contextlib.suppress(OSError):
+            fd = os.open(stale, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live run holds its own: BlockingIOError
+                shutil.rmtree(stale)
+            finally:
+                os.close(fd)
+    while True:  # made, then locked: a sweep in between removes it, and it is made again
+        path = Path(tempfile.mkdtemp(prefix=SCRATCH))
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if path.is_dir() and path.stat().st_ino == os.fstat(fd).st_ino:
+                break
+            os.close(fd)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def lock(root: Path, label: str, *, wait: float = WAIT, unless=None):
     """flock(2) on TARGET's folder: it leaves no file behind and goes with the process that held it, however it ended.
     A reader's lock; with `unless`, a writer's, unless `unless()` (called under a reader's lock whenever the writer's
     cannot be had) answers first: then it yields that answer, and readers that find nothing to write run side by side.

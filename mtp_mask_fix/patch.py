@@ -2,7 +2,6 @@
 of its diff)."""
 
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from unidiff.errors import UnidiffParseError
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
+from mtp_mask_fix.journal import scratch
 from mtp_mask_fix.paths import PATCHES
 
 
@@ -54,8 +54,8 @@ class Patch:
     @classmethod
     def parse(cls, path: Path, text: str) -> "Patch":
         """git mailinfo splits headers, message and the rest; the rest holds the DEP-3 block, diffstat and diff."""
-        with tempfile.TemporaryDirectory() as tmp:
-            msg, rest = Path(tmp) / "msg", Path(tmp) / "rest"
+        with scratch() as tmp:
+            msg, rest = tmp / "msg", tmp / "rest"
             info = git("mailinfo", str(msg), str(rest), input=text, check=False)
             headers = dict(line.split(": ", 1) for line in info.stdout.splitlines() if ": " in line)
             body, after = (msg.read_text().strip(), rest.read_text()) if info.returncode == 0 else ("", "")

@@ -3,6 +3,7 @@ and a journal that never writes into a tree that changed since."""
 
 import fcntl
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -181,6 +182,39 @@ class TestKilled:
         assert {p for p in snapshot(site_packages.root) if before.get(p) != snapshot(site_packages.root)[p]} == {
             str(site_packages.gpt_step)
         }
+
+
+class TestTemporaryFolders:
+    """Nothing a killed run made stays outside TARGET: the next run removes the temporary folders it left in $TMPDIR."""
+
+    def test_a_folder_left_by_kill_9_goes_with_the_next_run(self, cli, tool_env, tmp_path, snapshot, site_packages):
+        env, before = dict(tool_env, TMPDIR=str(tmp_path / "tmpdir")), snapshot(site_packages.root)
+        (tmp_path / "tmpdir").mkdir()
+        proc = start_paused(env, tmp_path, "a temporary folder", "apply", "--no-verify", site_packages.root)
+        proc.kill()
+        proc.communicate()
+        assert list((tmp_path / "tmpdir").iterdir())  # what the killed run left
+        for command in ("apply", "revert"):
+            assert cli(command, *["--no-verify"][: command == "apply"], site_packages.root, env=env).returncode == 0
+        assert list((tmp_path / "tmpdir").iterdir()) == []
+        assert snapshot(site_packages.root) == before
+
+    @pytest.mark.slow
+    def test_kill_9_at_random_moments(self, cli, tool_env, tmp_path, snapshot, probe_ok, site_packages):
+        """12 kills anywhere in an apply that verifies (a probe of 0.2 s), each followed by apply and revert."""
+        env, before = dict(tool_env, TMPDIR=str(tmp_path / "tmpdir")), snapshot(site_packages.root)
+        (tmp_path / "tmpdir").mkdir()
+        python, moments = probe_ok(site_packages.root, seconds=0.2), random.Random(6103)
+        apply = [sys.executable, "-m", "mtp_mask_fix", "apply", "--python", python, site_packages.root]
+        for _ in range(12):
+            proc = subprocess.Popen(apply, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            time.sleep(moments.uniform(0, 1.0))
+            proc.kill()
+            proc.communicate()
+            assert cli("apply", "--python", python, site_packages.root, env=env).returncode == 0
+            assert cli("revert", site_packages.root, env=env).returncode == 0
+            assert list((tmp_path / "tmpdir").iterdir()) == []
+            assert snapshot(site_packages.root) == before
 
 
 class TestRevert:

@@ -79,7 +79,28 @@ class TestCheckStates:
         assert line == verdict(cli("check", checkout.root), 2) and "uncommitted local changes in the patch's" in line
 
     def test_no_target_and_no_megatron_bridge_is_refused(self, cli, refused):
-        refused(cli("check"), 2, "imports no megatron.bridge", sys.executable)
+        refused(cli("check"), 2, "imports no megatron.bridge", sys.executable, "--python")
+
+
+# A line changed and a line added, in the source hunk's region; each the user's line that the verdict names.
+REGION_EDITS = {"changed": (CONTEXT, REGION_EDIT), "added": (CONTEXT, CONTEXT + "        # a local note\n")}
+
+
+@pytest.mark.parametrize("change", REGION_EDITS)
+@pytest.mark.parametrize("kind", ["site_packages", "checkout"])
+def test_local_edits_in_the_region_name_the_users_line(request, cli, refused, edit, snapshot, kind, change):
+    """Installed (the wheel's RECORD says the file is not as shipped) or checked out (the diff fits the commit):
+    local edits, not drift; check and apply refuse with exit 2, at the line of the user's file, and change nothing."""
+    tree, (old, new) = request.getfixturevalue(kind), REGION_EDITS[change]
+    edit(tree, tree.gpt_step, old, new, commit=False)
+    text = tree.gpt_step.read_text()
+    line = text[: text.index(new) + len(new)].count("\n")  # the last line of the edit
+    where = f"{tree.gpt_step.relative_to(tree.root)}:{line}"
+    before = snapshot(tree.root)
+    said = verdict(cli("check", tree.root), 2)
+    assert f" in the patch's region ({where})" in said
+    assert refused(cli("apply", "--no-verify", tree.root), 2) == f"mtp-mask-fix: error: {said}"
+    assert snapshot(tree.root) == before
 
 
 class TestNestedTree:
@@ -102,6 +123,27 @@ class TestNestedTree:
         assert vendored.gpt_step.read_text() == patched_gpt_step
         assert "def test_forward_common_passes_loss_mask_to_mtp_model(" in vendored.upstream_test.read_text()
         assert "already applied" in verdict(cli("check", vendored.root), 3)
+
+
+MODEL_CALL = "            output_tensor = model(**forward_args)\n"
+OVERRIDES = [
+    'forward_args["loss_mask"] = torch.ones_like(loss_mask)',
+    'forward_args["loss_mask"] = None',
+    "forward_args.update(loss_mask=torch.ones_like(labels))",
+]
+
+
+@pytest.mark.parametrize("where", ["after the fix's line", "at the model call"])
+def test_a_patched_target_whose_mask_is_overridden_is_not_fixed(cli, edit, site_packages, where):
+    """apply, then a line that hands the model another mask: check and status do not say fixed (exit 3)."""
+    assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+    fix, override = '        forward_args["loss_mask"] = loss_mask\n', f"    {OVERRIDES[0]}\n"
+    old = fix if where == "after the fix's line" else MODEL_CALL
+    edit(site_packages, site_packages.gpt_step, old, fix + override if old == fix else f"        {override}{old}")
+    for command in ("check", "status"):
+        result = cli(command, site_packages.root)
+        assert result.returncode not in (0, 3), result.stdout
+        assert "already applied" not in result.stdout + result.stderr
 
 
 class TestFixPresent:
@@ -139,6 +181,19 @@ class TestFixPresent:
     def test_a_tensor_that_is_not_the_batchs_mask_is_not_the_fix(self, release_gpt_step, value):
         assert not fix_present(
             release_gpt_step.replace(LABELS, LABELS.replace("    }", f'        "loss_mask": {value},\n    }}'))
+        )
+
+    @pytest.mark.parametrize("override", OVERRIDES)
+    def test_a_later_word_on_the_mask_overrides_the_fix(self, patched_gpt_step, override):
+        """What the model receives is the last word on loss_mask before the call, not the first."""
+        assert fix_present(patched_gpt_step)
+        assert not fix_present(patched_gpt_step.replace(MODEL_CALL, f"            {override}\n{MODEL_CALL}"))
+
+    def test_the_mask_as_the_last_word_after_a_none_is_the_fix(self, release_gpt_step):
+        fixed = release_gpt_step.replace(LABELS, EQUIVALENT_FIX.replace(": loss_mask", ": None"))
+        assert not fix_present(fixed)
+        assert fix_present(
+            fixed.replace(MODEL_CALL, f'            forward_args["loss_mask"] = loss_mask\n{MODEL_CALL}')
         )
 
     def test_a_file_that_does_not_parse_is_not_the_fix(self):
