@@ -25,6 +25,22 @@ TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree)
 class Parser(argparse.ArgumentParser):
     """argparse whose complaints are one line and exit 2, like every refusal (maintain/'s commands use it too)."""
 
+    commands = None  # the subcommands' action, once added
+
+    def add_subparsers(self, **kwargs):
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
+    def parse_args(self, args=None, namespace=None):
+        # An unknown flag is named before a missing command, by the (sub)command whose --help lists the flags.
+        known, unknown = self.parse_known_args(args, namespace)
+        command = self.commands and getattr(known, self.commands.dest)
+        if unknown:
+            (self.commands.choices[command] if command else self).error(f"unrecognized arguments: {' '.join(unknown)}")
+        if self.commands and command is None:
+            self.error(f"the following arguments are required: {self.commands.dest}")
+        return known
+
     def error(self, message):
         raise ToolError(f"{message} (see {self.prog} --help)")
 
@@ -109,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
     def command(func, help, python):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
@@ -127,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
     p.add_argument("--wait", **wait)
-    command(cmd_revert, "take the patch out again (all or nothing): the release's own files", reads).add_argument(
+    command(cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads).add_argument(
         "--wait", **wait
     )
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
