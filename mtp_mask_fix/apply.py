@@ -1,5 +1,4 @@
-"""Writing a target: `apply` and `revert`, one writer at a time and all or nothing (journal.py), signals held while
-each file is replaced; apply is then verified by behaviour (verify.py) and rolled back unless it holds."""
+"""`apply` and `revert`, all or nothing, one writer at a time; apply is verified by behaviour or rolled back."""
 
 import os
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from mtp_mask_fix.verify import verify
 
 
 def apply(target: Target, patches: list[Patch], *, python: str | None, wait: float = WAIT) -> tuple[str, Exit]:
-    """The patch applied, then (with `python`) verified by behaviour; already fixed: nothing written, verified."""
+    """Apply the patch unless the target is already fixed, then verify it with `python` (if given)."""
 
     def patched_files(verdict: Verdict, recovered: str):
         if fixed := fixed_how(verdict):
@@ -27,7 +26,7 @@ def apply(target: Target, patches: list[Patch], *, python: str | None, wait: flo
 
 
 def revert(target: Target, patches: list[Patch], *, wait: float = WAIT) -> tuple[str, Exit]:
-    """The patch taken out again: the files as the release (or the checkout's commit) has them."""
+    """Take the patch out again, giving the files the bytes they had before it."""
 
     def reverted_files(verdict: Verdict, recovered: str):
         if verdict.state == State.APPLIES and recovered:  # what a killed apply left is put back: that is the release
@@ -44,11 +43,8 @@ def revert(target: Target, patches: list[Patch], *, wait: float = WAIT) -> tuple
 
 
 def _write(target: Target, patches: list[Patch], new_files: Callable, *, python: str | None, wait: float):
-    """What `new_files(verdict, what was put back)` says and writes, under a reader's lock where it writes nothing.
-
-    `new_files` returns what it does and the new bytes of each file, or None. Most start-ups find the fix and only
-    verify it, so they run beside each other; a write takes the writer's lock.
-    """
+    """Write what `new_files(verdict, what was put back)` returns (what it does, each file's new bytes or None)."""
+    # Most start-ups find the fix and only verify it: they do so under a reader's lock, beside each other.
     label, files = target.label, touched(target, patches)
 
     def without_writing() -> str | None:
@@ -64,9 +60,8 @@ def _write(target: Target, patches: list[Patch], new_files: Callable, *, python:
 
 
 def _as_writer(target: Target, patches: list[Patch], new_files: Callable, python: str | None) -> tuple[str, Exit]:
-    """Holding the writer's lock: what a killed run left put back, the new bytes behind a journal, each file replaced
-    by a rename, verified with `python` (if given); rolled back unless it holds, or on a signal before the end, which
-    exits 128+n saying which."""
+    """Write as the lock's writer: put back what a killed run left, journal, replace, verify, or roll back."""
+    # A signal before the end rolls back too, and exits 128+n saying which.
     root, label = target.root, target.label
     wrote, finished, said = False, "nothing changed", ""
     try:
@@ -103,7 +98,7 @@ def _as_writer(target: Target, patches: list[Patch], new_files: Callable, python
 
 
 def _verified(target: Target, python: str | None, failed: str) -> str:
-    """What verify says under `python` ("" without one), or a refusal that begins with `failed`."""
+    """The line's ending that says what `python` verified ("" without one); refused, beginning with `failed`."""
     delivered, reason = verify(target, python) if python else (True, "")
     if not delivered:
         raise ToolError(f"{target.label}: {failed} not verified with {python}: {reason}", Exit.FAILED)
@@ -111,8 +106,8 @@ def _verified(target: Target, python: str | None, failed: str) -> str:
 
 
 def _new_bytes(verdict: Verdict, *, reverse: bool = False) -> dict[str, bytes]:
-    """The files as git apply (or apply -R) makes them, on copies; refused first where a file could not be replaced:
-    read-only by its mode (root writes anything, but that states intent) or by access(2)."""
+    """Each file's bytes as git apply (or apply -R) makes them on a copy, refused where it could not be replaced."""
+    # Read-only by its mode (root writes anything, but the mode states intent) or by access(2).
     root, files = verdict.target.root, verdict.files
     for path in [root, *[where for rel in files for where in (root / rel, (root / rel).parent)]]:
         if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):

@@ -1,5 +1,4 @@
-"""Reading a target, never writing it: where it stands with respect to the patch and its backports, and what a killed
-run left there."""
+"""Where a target stands with respect to the patch and its backports, read and never written."""
 
 import ast
 import base64
@@ -47,8 +46,7 @@ class State(Enum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """A target's state, the patch it was judged with, the part of it that fits (Patch.part's `src`), and the detail
-    its message names."""
+    """A target's state, with the patch it was judged by, the part that fits (Patch.part's `src`) and a detail."""
 
     target: Target
     state: State
@@ -66,7 +64,7 @@ class Verdict:
 
 
 def candidates(explicit: Path | None = None) -> list[Patch]:
-    """--patch FILE alone, or the carried patch (first in patches/series) and its backports for older lines."""
+    """The patches to judge a target by: `explicit` alone, or the carried patch and its backports."""
     if explicit:
         return [Patch.load(explicit)]
     main = Patch.load()
@@ -82,12 +80,9 @@ def name(patch: Patch) -> str:
 
 
 def fix_present(source: str) -> bool:
-    """Whether `_forward_step_common`'s last word on `loss_mask` for the model hands it the batch's mask, by its text.
-
-    A word is an entry of forward_args, an item assignment or a keyword of a call (not `build_schedule_plan`'s); the
-    mask is `loss_mask` itself, a copy of it, or it unless None, never a tensor made from it. A mask computed some
-    other way is `verify`'s to judge.
-    """
+    """Whether, by its text, `_forward_step_common`'s last word on `loss_mask` hands the model the batch's mask."""
+    # A word is an entry of forward_args, an item assignment or a keyword of a call but build_schedule_plan's; a mask
+    # computed some other way is verify's to judge.
     try:
         module = ast.parse(source)
     except SyntaxError:
@@ -121,7 +116,7 @@ def touched(target: Target, patches: list[Patch]) -> list[str]:
 
 
 def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
-    """What a killed run left, or the most telling of each patch's states (by git apply forward and reverse)."""
+    """The target's verdict: what a killed run left, else the most telling of each patch's."""
     patches = [patches] if isinstance(patches, Patch) else patches
     if (said := journal.left(target.root, touched(target, patches))) is not None:
         return Verdict(target, State.INTERRUPTED, said, patches[0])
@@ -129,8 +124,8 @@ def check(target: Target, patches: Patch | list[Patch]) -> Verdict:
 
 
 def _check(target: Target, patch: Patch) -> Verdict:
-    """The whole patch where the target has upstream's test files (a checkout, a source tree), else or where those
-    moved on, its source part alone (what a release holds)."""
+    """The target's verdict by one patch, by git apply forward and reverse."""
+    # The whole patch where the target has upstream's test files, else (or where they moved on) its source alone.
     tests = patch.test_files()
     with_tests = target.strip == 1 and tests and all((target.root / test).is_file() for test in tests)
     errors, local, fixed = [], None, fix_present(target.fixed_file.read_text(errors="replace"))
@@ -166,7 +161,7 @@ def _check(target: Target, patch: Patch) -> Verdict:
 
 
 def _applies_to_head(target: Target, diff: str) -> bool:
-    """`git apply --cached --check` to an index of HEAD: whether the diff fits the committed files."""
+    """Whether the diff fits the committed files (`git apply --cached --check` to an index of HEAD)."""
     with scratch() as tmp:
         env = {"GIT_INDEX_FILE": str(tmp / "index")}
         git("read-tree", "HEAD", cwd=target.root, env=env)
@@ -182,7 +177,7 @@ def _not_as_recorded(target: Target, files: list[str]) -> bool:
 
 
 def _user_line(target: Target, patch: Patch, error: str) -> str:
-    """Where git's failed hunk (`patch failed: FILE:N`, N in the patch's numbering) departs from the user's file."""
+    """`FILE:LINE`, the line of the user's file where it departs from the hunk git failed on (at the patch's N)."""
     failed = re.search(r"patch failed: (\S+):(\d+)", error)
     hunks = [h for f in patch.files for h in f if failed and stripped(f.path, target.strip) == failed[1]]
     hunk = next((h for h in hunks if h.source_start == int(failed[2])), None)

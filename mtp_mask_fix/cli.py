@@ -1,6 +1,4 @@
-"""mtp-mask-fix: check, apply, verify and revert the Megatron-Bridge #6103 fix on any Megatron-Bridge.
-
-Each cmd_* returns what it prints and its exit code."""
+"""mtp-mask-fix: check, apply, verify and revert the Megatron-Bridge #6103 fix on any Megatron-Bridge."""
 
 import argparse
 import os
@@ -23,7 +21,7 @@ TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose complaints are one line and exit 2, like every refusal (maintain/'s commands use it too)."""
+    """An argparse parser whose complaints are one line and exit 2, like every refusal."""
 
     commands = None  # the subcommands' action, once added
 
@@ -46,15 +44,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def interpreter(python: str) -> str:
-    """--python as an absolute path (default: this interpreter), so that every "verified" line names it."""
+    """The absolute path of --python, which every "verified" line names."""
     if (found := shutil.which(python)) is None:
         raise ToolError(f"--python {python}: no such interpreter")
     return os.path.abspath(found)
 
 
 def _target(args, python: str) -> targets.Target:
-    """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found), named as
-    it would be: an editable install's checkout, not its src/."""
+    """TARGET as given, else the Megatron-Bridge that `python` finds wherever it runs (an editable one's checkout)."""
     if args.target is not None:
         return targets.resolve(args.target)
     # Not the cwd's (what trains runs elsewhere), unless PYTHONPATH names it: then it imports it wherever it runs.
@@ -111,7 +108,7 @@ def cmd_status(args) -> tuple[str, Exit]:
 
 
 def seconds(text: str) -> float:
-    """--wait: a number of seconds, 0 or more."""
+    """The seconds that --wait gives, 0 or more."""
     if not re.fullmatch(r"\d+(\.\d*)?", text):
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
     return float(text)
@@ -143,9 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
     p.add_argument("--wait", **wait)
-    command(cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads).add_argument(
-        "--wait", **wait
-    )
+    command(
+        cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads
+    ).add_argument("--wait", **wait)
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", reads)
     p = sub.add_parser("watch", help="run CMD as it is: does megatron-core's MTP loss get the batch's loss_mask?")
@@ -157,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
-    """Console entry point (also of maintain/'s commands): one line on stderr for any refusal, its exit code."""
+    """Run a command line (maintain/'s too), with one line on stderr and its exit code for any refusal."""
     with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
         out = sys.stderr
         try:
