@@ -183,10 +183,14 @@ def _user_line(target: Target, patch: Patch, error: str) -> str:
     hunk = next((h for h in hunks if h.source_start == int(failed[2])), None)
     if hunk is None:
         return first_error_line(error)
-    expected = [line.value for line in hunk if line.is_context or line.is_removed]
     lines = (target.root / failed[1]).read_text(errors="replace").splitlines(keepends=True)
-    a, b, size = difflib.SequenceMatcher(None, expected, lines, autojunk=False).find_longest_match()
-    # The text runs along the hunk's longest match with the file, up then down; the first line off it is the edit.
+    # The hunk's side (as before the patch, or patched) that runs longest along the file, then up and down from there:
+    # the first line off it is the edit.
+    sides = [[line.value for line in hunk if not line.is_added], [line.value for line in hunk if not line.is_removed]]
+    (a, b, size), expected = max(
+        ((difflib.SequenceMatcher(None, side, lines, autojunk=False).find_longest_match(), side) for side in sides),
+        key=lambda found: found[0].size,
+    )
     up = [b - k for k in range(1, a + 1) if b - k < 0 or lines[b - k] != expected[a - k]]
     down = [b + k for k in range(size, len(expected) - a) if b + k >= len(lines) or lines[b + k] != expected[a + k]]
     return f"{failed[1]}:{max([*up, *down, b][0], 0) + 1}"

@@ -139,11 +139,16 @@ def test_a_patched_target_whose_mask_is_overridden_is_not_fixed(cli, edit, site_
     assert cli("apply", "--no-verify", site_packages.root).returncode == 0
     fix, override = '        forward_args["loss_mask"] = loss_mask\n', f"    {OVERRIDES[0]}\n"
     old = fix if where == "after the fix's line" else MODEL_CALL
-    edit(site_packages, site_packages.gpt_step, old, fix + override if old == fix else f"        {override}{old}")
+    new = fix + override if old == fix else f"        {override}{old}"
+    edit(site_packages, site_packages.gpt_step, old, new, commit=False)
     for command in ("check", "status"):
         result = cli(command, site_packages.root)
         assert result.returncode not in (0, 3), result.stdout
         assert "already applied" not in result.stdout + result.stderr
+    if old == fix:  # a local edit in the patched region, named at the user's line: the override's
+        text = site_packages.gpt_step.read_text()
+        line = text[: text.index(fix + override) + len(fix + override)].count("\n")
+        assert f"region (megatron/bridge/training/gpt_step.py:{line})" in result.stdout
 
 
 class TestFixPresent:
