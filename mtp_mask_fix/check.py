@@ -170,7 +170,8 @@ def _applies_to_head(target: Target, diff: str) -> bool:
 
 def _not_as_recorded(target: Target, files: list[str]) -> bool:
     """Whether any of the files differs from the sha256 its wheel's RECORD (in a *.dist-info beside it) states."""
-    rows = [row for path in target.root.glob("*.dist-info/RECORD") for row in csv.reader(path.open(newline=""))]
+    records = [path.read_text().splitlines() for path in target.root.glob("*.dist-info/RECORD")]
+    rows = [row for record in records for row in csv.reader(record)]
     recorded = {row[0]: row[1] for row in rows if len(row) == 3 and row[0] in files}
     sha = {rel: hashlib.sha256((target.root / rel).read_bytes()).digest() for rel in recorded}
     return any(recorded[rel] != f"sha256={base64.urlsafe_b64encode(sha[rel]).decode().rstrip('=')}" for rel in sha)

@@ -1,4 +1,4 @@
-"""What makes a write all or nothing: a lock on TARGET, one rename a file, and a journal for a killed run's next."""
+"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of what a killed run left."""
 
 import base64
 import contextlib
