@@ -151,13 +151,20 @@ def _check(target: Target, patch: Patch) -> Verdict:
         # Only local edits in the way: the diff fits the checkout's commit, or the installed files are not as their
         # wheel's RECORD has them.
         if target.kind == Kind.CHECKOUT and _applies_to_head(target, diff):
-            local = Verdict(target, State.LOCAL_CHANGES, _user_line(target, patch, error), patch, src)
+            local = Verdict(
+                target, State.LOCAL_CHANGES, _user_line(target, patch, error) or first_error_line(error), patch, src
+            )
             break
         if target.kind == Kind.INSTALLED and _not_as_recorded(target, verdict.files):
-            local = Verdict(target, State.INSTALLED_EDITS, _user_line(target, patch, error), patch, src)
+            local = Verdict(
+                target, State.INSTALLED_EDITS, _user_line(target, patch, error) or first_error_line(error), patch, src
+            )
     if fixed:
         return Verdict(target, State.EQUIVALENT, patch=patch)
-    return local or Verdict(target, State.DRIFTED, first_error_line(errors[-1]), patch)
+    if local:
+        return local
+    where = f", at {found} of this tree" if (found := _user_line(target, patch, errors[-1])) else ""
+    return Verdict(target, State.DRIFTED, first_error_line(errors[-1]) + where, patch)
 
 
 def _applies_to_head(target: Target, diff: str) -> bool:
@@ -178,12 +185,12 @@ def _not_as_recorded(target: Target, files: list[str]) -> bool:
 
 
 def _user_line(target: Target, patch: Patch, error: str) -> str:
-    """`FILE:LINE`, the line of the user's file where it departs from the hunk git failed on (at the patch's N)."""
+    """`FILE:LINE` where the user's file departs from the hunk git failed on (at the patch's N), "" if none."""
     failed = re.search(r"patch failed: (\S+):(\d+)", error)
     hunks = [h for f in patch.files for h in f if failed and stripped(f.path, target.strip) == failed[1]]
     hunk = next((h for h in hunks if h.source_start == int(failed[2])), None)
     if hunk is None:
-        return first_error_line(error)
+        return ""
     lines = (target.root / failed[1]).read_text(errors="replace").splitlines(keepends=True)
     # The hunk's side (as before the patch, or patched) that runs longest along the file, then up and down from there:
     # the first line off it is the edit.

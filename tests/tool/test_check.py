@@ -48,6 +48,8 @@ class TestCheckStates:
         assert snapshot(target.root) == before
         assert "drifted" in line
         assert re.search(r"patch failed: (src/)?megatron/bridge/training/gpt_step\.py:\d+", line)
+        at = target.gpt_step.read_text().split("attention_mask if use_mask")[0].count("\n") + 1  # the user's line
+        assert line.endswith(f", at {target.gpt_step.relative_to(target.root)}:{at} of this tree")
 
     def test_upstream_test_file_moved_on(self, cli, edit, checkout, patched_gpt_step):
         """The source hunk still fits, but upstream's test file moved on: the source alone, said so (naming the test
