@@ -136,21 +136,26 @@ OVERRIDES = [
 
 
 @pytest.mark.parametrize("where", ["after the fix's line", "at the model call"])
-def test_a_patched_target_whose_mask_is_overridden_is_not_fixed(cli, edit, site_packages, where):
-    """apply, then a line that hands the model another mask: check and status do not say fixed (exit 3)."""
+def test_a_patched_target_whose_mask_is_overridden_is_not_fixed(cli, edit, site_packages, release_gpt_step, where):
+    """apply, then a line that hands the model another mask: check and status refuse it as a local edit (exit 2),
+    never fixed (exit 3); revert takes the patch out and leaves that line where it stands."""
     assert cli("apply", "--no-verify", site_packages.root).returncode == 0
     fix, override = '        forward_args["loss_mask"] = loss_mask\n', f"    {OVERRIDES[0]}\n"
     old = fix if where == "after the fix's line" else MODEL_CALL
     new = fix + override if old == fix else f"        {override}{old}"
     edit(site_packages, site_packages.gpt_step, old, new, commit=False)
+    text = site_packages.gpt_step.read_text()
+    line = text[: text.index(new) + len(new)].count("\n") - (old == MODEL_CALL)  # the override's
+    said = {
+        "after the fix's line": f"local edits in the patch's region (megatron/bridge/training/gpt_step.py:{line})",
+        "at the model call": "but a later line hands the model another loss_mask",
+    }[where]
     for command in ("check", "status"):
         result = cli(command, site_packages.root)
-        assert result.returncode not in (0, 3), result.stdout
-        assert "already applied" not in result.stdout + result.stderr
-    if old == fix:  # a local edit in the patched region, named at the user's line: the override's
-        text = site_packages.gpt_step.read_text()
-        line = text[: text.index(fix + override) + len(fix + override)].count("\n")
-        assert f"region (megatron/bridge/training/gpt_step.py:{line})" in result.stdout
+        assert result.returncode == 2 and said in result.stdout.splitlines()[-1], result.stdout
+    if where == "at the model call":  # outside the hunk: revert gives the bytes before the patch, that line kept
+        assert cli("revert", site_packages.root).returncode == 0
+        assert site_packages.gpt_step.read_text() == release_gpt_step.replace(old, new)
 
 
 class TestFixPresent:
