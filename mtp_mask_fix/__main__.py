@@ -1,9 +1,10 @@
-"""`mtp-mask-fix` and `python -m mtp_mask_fix`. A signal before the tool has read anything ends it at once with one line
-(the handlers below come first, before the rest of the tool loads); then cli.main's take over."""
+"""The console script `mtp-mask-fix`, and `python -m mtp_mask_fix`."""
 
 import os
 import signal
 import sys
+
+from mtp_mask_fix.signals import SIGNALS
 
 
 def _before_anything(signum, frame):
@@ -11,12 +12,13 @@ def _before_anything(signum, frame):
     os._exit(128 + signum)
 
 
-for _signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+# Before the rest of the tool loads, a signal ends it at once with one line; cli.main's handlers take over from here.
+for _signum in SIGNALS:
     signal.signal(_signum, _before_anything)
 
 
 def main() -> None:
-    """The console script."""
+    """Run the tool's command line."""
     from mtp_mask_fix import cli
 
     cli.main()

@@ -1,6 +1,4 @@
-"""mtp-mask-fix: check, apply, verify and revert the Megatron-Bridge #6103 fix on any Megatron-Bridge.
-
-Each cmd_* returns what it prints and its exit code."""
+"""mtp-mask-fix: check, apply, verify and revert the Megatron-Bridge #6103 fix on any Megatron-Bridge."""
 
 import argparse
 import os
@@ -13,7 +11,7 @@ from pathlib import Path
 
 from mtp_mask_fix import __version__, apply, check, journal, targets, watch
 from mtp_mask_fix.errors import Exit, ToolError, exit_table
-from mtp_mask_fix.journal import WAIT, locked
+from mtp_mask_fix.journal import WAIT, lock
 from mtp_mask_fix.paths import PACKAGE
 from mtp_mask_fix.signals import SIGNALS, Interrupted, guard
 from mtp_mask_fix.verify import verify
@@ -23,22 +21,37 @@ TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse whose complaints are one line and exit 2, like every refusal (maintain/'s commands use it too)."""
+    """An argparse parser whose complaints are one line and exit 2, like every refusal."""
+
+    commands = None  # the subcommands' action, once added
+
+    def add_subparsers(self, **kwargs):
+        self.commands = super().add_subparsers(**kwargs)
+        return self.commands
+
+    def parse_args(self, args=None, namespace=None):
+        # An unknown flag is named before a missing command, by the (sub)command whose --help lists the flags.
+        known, unknown = self.parse_known_args(args, namespace)
+        command = self.commands and getattr(known, self.commands.dest)
+        if unknown:
+            (self.commands.choices[command] if command else self).error(f"unrecognized arguments: {' '.join(unknown)}")
+        if self.commands and command is None:
+            self.error(f"the following arguments are required: {self.commands.dest}")
+        return known
 
     def error(self, message):
         raise ToolError(f"{message} (see {self.prog} --help)")
 
 
 def interpreter(python: str) -> str:
-    """--python as an absolute path (default: this interpreter), so that every "verified" line names it."""
+    """The absolute path of --python, which every "verified" line names."""
     if (found := shutil.which(python)) is None:
         raise ToolError(f"--python {python}: no such interpreter")
     return os.path.abspath(found)
 
 
 def _target(args, python: str) -> targets.Target:
-    """TARGET as given, or the Megatron-Bridge that `python` imports wherever it runs (not imported: found), named as
-    it would be: an editable install's checkout, not its src/."""
+    """TARGET as given, else the Megatron-Bridge that `python` finds wherever it runs (an editable one's checkout)."""
     if args.target is not None:
         return targets.resolve(args.target)
     # Not the cwd's (what trains runs elsewhere), unless PYTHONPATH names it: then it imports it wherever it runs.
@@ -48,7 +61,7 @@ def _target(args, python: str) -> targets.Target:
     found = subprocess.run([python, "-c", code], capture_output=True, text=True)
     where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
-        raise ToolError(f"{python} imports no megatron.bridge; pass a TARGET")
+        raise ToolError(f"{python} imports no megatron.bridge; give --python the interpreter that trains, or a TARGET")
     root = where.parent.parent
     return targets.resolve(
         str(root.parent if root.name == "src" and (root.parent / "src" / PACKAGE).is_dir() else root)
@@ -57,7 +70,7 @@ def _target(args, python: str) -> targets.Target:
 
 def cmd_check(args) -> tuple[str, Exit]:
     target = _target(args, interpreter(args.python))
-    with locked(target.root, target.label):  # a running apply or revert finishes first
+    with lock(target.root, target.label):  # a running apply or revert finishes first
         verdict = check.check(target, check.candidates())
     return str(verdict), verdict.state.code
 
@@ -76,7 +89,7 @@ def cmd_revert(args) -> tuple[str, Exit]:
 def cmd_verify(args) -> tuple[str, Exit]:
     python = interpreter(args.python)
     target = _target(args, python)
-    with locked(target.root, target.label):
+    with lock(target.root, target.label):
         if left := journal.left(target.root, check.touched(target, check.candidates())):
             raise ToolError(f"{target.label}: an interrupted run left {left}", Exit.FAILED)
         delivered, reason = verify(target, python)
@@ -89,13 +102,13 @@ def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates()  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
     target = _target(args, interpreter(args.python))
-    with locked(target.root, target.label):
+    with lock(target.root, target.label):
         verdict = check.check(target, patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
 
 
 def seconds(text: str) -> float:
-    """--wait: a number of seconds, 0 or more."""
+    """The seconds that --wait gives, 0 or more."""
     if not re.fullmatch(r"\d+(\.\d*)?", text):
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
     return float(text)
@@ -109,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
     def command(func, help, python):
         p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
@@ -127,9 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
     p.add_argument("--wait", **wait)
-    command(cmd_revert, "take the patch out again (all or nothing): the release's own files", reads).add_argument(
-        "--wait", **wait
-    )
+    command(
+        cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads
+    ).add_argument("--wait", **wait)
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", reads)
     p = sub.add_parser("watch", help="run CMD as it is: does megatron-core's MTP loss train on what it assumes?")
@@ -141,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
-    """Console entry point (also of maintain/'s commands): one line on stderr for any refusal, its exit code."""
+    """Run a command line (maintain/'s too), with one line on stderr and its exit code for any refusal."""
     with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
         out = sys.stderr
         try:

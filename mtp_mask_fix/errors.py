@@ -1,11 +1,10 @@
-"""The exit codes every command shares, each with its one meaning (`--help` and README's table are generated from
-`Exit`), and the one error type for every refusal."""
+"""The exit codes every command of the tool shares, and the one error type for every refusal."""
 
 from enum import IntEnum
 
 
 class Exit(IntEnum):
-    """Exit codes: the same number means the same thing for every command."""
+    """Exit codes, each with its one meaning for every command (`--help` and README's table come from here)."""
 
     def __new__(cls, code: int, meaning: str):
         member = int.__new__(cls, code)
@@ -14,12 +13,9 @@ class Exit(IntEnum):
 
     OK = 0, "done; `check`, `status`: the patch applies (the bug is present); `apply`: fixed (and verified)"
     USAGE = 2, "bad input or environment, refused before any work (not Megatron-Bridge, read-only, local edits, ...)"
-    ALREADY_APPLIED = 3, "`check`, `status`, `gate`: already fixed, by this patch or another way: nothing to apply"
+    ALREADY_APPLIED = 3, "`check`, `status`: already fixed, by this patch or another way; nothing to apply"
     DRIFTED = 4, "the patch no longer applies: upstream's text changed"
-    FAILED = (
-        5,
-        "a check failed or tested nothing (a behaviour probe, red/green, a gate row, a figure), or a killed run left files",
-    )
+    FAILED = 5, "the behaviour probe failed or could not run, `watch` saw no MTP loss, or a killed run left files"
     BUSY = 6, "another mtp-mask-fix process held the target for longer than the wait: nothing changed"
     UNMASKED = 7, "`watch`: an MTP loss trained against its contract (no mask, shifted labels, padding counted)"
     INTERRUPTED = 128, "128 + n: signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); its line says what it left"

@@ -1,4 +1,4 @@
-"""The git CLI, the reference behaviour reviewers use: the one way the tool runs git, and `git apply`."""
+"""The one way the tool runs git, the reference behaviour reviewers use."""
 
 import os
 import shutil
@@ -9,7 +9,7 @@ from mtp_mask_fix.errors import ToolError
 
 
 def git(*args: str, cwd: Path | str | None = None, check: bool = True, env: dict | None = None, **kw):
-    """Run the git CLI (the reference behaviour reviewers use); a missing git is a clear error."""
+    """Run the git CLI, refusing in one line where there is no git."""
     if shutil.which("git") is None:
         raise ToolError("git is not on PATH; install git (it is what applies and checks the patch)")
     full_env = dict(os.environ, **(env or {}))
@@ -19,10 +19,9 @@ def git(*args: str, cwd: Path | str | None = None, check: bool = True, env: dict
 def apply_diff(
     diff: str, root: Path, *, strip: int = 1, reverse=False, check=False, cached=False, env: dict | None = None
 ) -> str:
-    """`git apply` (all or nothing) to the files under root, or `cached` to the index `env` names; git's error or "".
-
-    GIT_CEILING_DIRECTORIES keeps git from treating root as part of an enclosing repository (it would then resolve
-    paths from that repository's top and skip ours); a cached apply needs the repository."""
+    """git's error of `git apply` (all or nothing) under root, or to the index `env` names if `cached`; "" if none."""
+    # Outside a cached apply, which needs the repository, root is no part of an enclosing one: git would resolve the
+    # paths from that one's top and skip ours.
     flags = {"-R": reverse, "--check": check, "--cached": cached}
     args = ["apply", f"-p{strip}", "--whitespace=nowarn", *[flag for flag, on in flags.items() if on]]
     env = dict(env or {}, **({} if cached else {"GIT_CEILING_DIRECTORIES": str(Path(root).resolve().parent)}))
@@ -31,7 +30,7 @@ def apply_diff(
 
 
 def stripped(path: str, strip: int) -> str:
-    """A diff's path (src/megatron/...) as `git apply -p<strip>` names it under the directory it applies in."""
+    """A diff's path (src/megatron/...) as `git apply -p<strip>` names it."""
     return path.split("/", strip - 1)[-1]
 
 

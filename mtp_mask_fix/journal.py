@@ -1,6 +1,4 @@
-"""What makes a write all or nothing: one writer at a time per TARGET (a lock on its folder), each file replaced by one
-rename, and a journal of what a run is about to replace, so that the next run puts back what a killed one left, and
-never writes into a tree that changed since."""
+"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of what a killed run left."""
 
 import base64
 import contextlib
@@ -8,7 +6,9 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,10 +20,11 @@ TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new byte
 WAIT = 300.0  # seconds a command waits for another's lock on TARGET: several ranks start at once
 Entries = dict[str, tuple[bytes, str]]  # file: (its bytes before, the sha256 of what replaces them)
 UNREADABLE = "naming no file it can restore: unreadable, or not the tool's"
+SCRATCH = "mtp-mask-fix-scratch-"  # a run's temporary folders in $TMPDIR (`watch` names its own otherwise)
 
 
 def digest(data: bytes | None) -> str | None:
-    """sha256 of a file's bytes (None: no file)."""
+    """The sha256 of a file's bytes, None for no file."""
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
@@ -33,7 +34,7 @@ def temp(path: Path) -> Path:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """path's bytes become `data` in one rename; an existing file keeps its mode."""
+    """Give path the bytes `data` in one rename, keeping an existing file's mode."""
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
     with open(temp(path), "wb") as out:
         out.write(data)
@@ -44,11 +45,38 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def locked(root: Path, label: str, *, wait: float = WAIT, unless=None):
-    """flock(2) on TARGET's folder: it leaves no file behind and goes with the process that held it, however it ended.
-    A reader's lock; with `unless`, a writer's, unless `unless()` (called under a reader's lock whenever the writer's
-    cannot be had) answers first: then it yields that answer, and readers that find nothing to write run side by side.
-    Waits up to `wait` seconds (saying so once), then refuses (Exit.BUSY). Yields None holding the writer's lock."""
+def scratch():
+    """A temporary folder in $TMPDIR, locked while its run lives: a later run removes it if this one is killed."""
+    for stale in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*"):
+        with contextlib.suppress(OSError):
+            fd = os.open(stale, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live run holds its own: BlockingIOError
+                shutil.rmtree(stale)
+            finally:
+                os.close(fd)
+    while True:  # made, then locked: a sweep in between removes it, and it is made again
+        path = Path(tempfile.mkdtemp(prefix=SCRATCH))
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if path.is_dir() and path.stat().st_ino == os.fstat(fd).st_ino:
+                break
+            os.close(fd)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def lock(root: Path, label: str, *, wait: float = WAIT, unless=None):
+    """Hold flock(2) on TARGET's folder, a reader's, or with `unless` a writer's; yields None or `unless()`'s answer.
+
+    `unless()` runs under a reader's lock whenever the writer's cannot be had; its answer, if not None, ends the wait.
+    The lock leaves no file behind and goes with its process, however it ends; after `wait` seconds it is refused.
+    """
     fd, deadline, said = os.open(root, os.O_RDONLY | os.O_DIRECTORY), time.monotonic() + wait, False
 
     def got(kind: int) -> bool:
@@ -79,7 +107,7 @@ def locked(root: Path, label: str, *, wait: float = WAIT, unless=None):
 
 
 def write(root: Path, release: str, before: dict[str, bytes], after: dict[str, bytes]) -> None:
-    """The journal of a write about to replace `before` by `after`, in TARGET `root` holding `release`."""
+    """Write the journal of a write about to replace `before` by `after` in a TARGET holding `release`."""
     files = {
         rel: {"before": base64.b64encode(data).decode(), "after": digest(after[rel])} for rel, data in before.items()
     }
@@ -87,9 +115,8 @@ def write(root: Path, release: str, before: dict[str, bytes], after: dict[str, b
 
 
 def read(root: Path) -> tuple[str, Entries] | None:
-    """(release, entries) of the journal a killed write left; None when there is none; no entries when it cannot be
-    read or names a path that is not a file inside TARGET (it is written by a rename: only damage from outside tears
-    it)."""
+    """The release and entries of a killed write's journal, None without one, no entries if it is unreadable."""
+    # Written by a rename, it is torn only by damage from outside: so is a path that is no file inside TARGET.
     path = root / JOURNAL
     if path.exists() and not path.is_file():
         raise ToolError(f"{path} is not a file: mtp-mask-fix keeps its journal there; remove it")
@@ -111,12 +138,12 @@ def _now(root: Path, rel: str) -> bytes | None:
 
 
 def _leftovers(root: Path, files: list[str]) -> list[Path]:
-    """Temporary files a killed write left beside the journal's place or a file it writes."""
+    """The temporary files a killed write left beside the journal's place or a file it writes."""
     return [temp(root / rel) for rel in [JOURNAL, *files] if temp(root / rel).exists()]
 
 
 def left(root: Path, files: list[str], *, next_step: bool = True) -> str | None:
-    """What a killed write left, said of each file now, and (with `next_step`) what to do; None when it left nothing."""
+    """What a killed write left, said of each file, and (with `next_step`) what to do; None if it left nothing."""
     journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
 
     def then(step: str) -> str:
@@ -137,9 +164,9 @@ def left(root: Path, files: list[str], *, next_step: bool = True) -> str | None:
 
 
 def recover(root: Path, label: str, release: str, files: list[str]) -> str:
-    """Put back what a killed write left (the journal's files, its temporary files), or refuse, changing nothing, where
-    the tree changed since: a file neither as before nor as replaced, or another release in its place. Returns what it
-    said of them ("" if nothing was left). Call it holding the writer's lock, with signals held."""
+    """Put back what a killed write left and say what it was, or refuse where the tree changed since."""
+    # Changed since: a file neither as before nor as replaced, or another release in its place. The caller holds the
+    # writer's lock, with signals held.
     said, (made_for, entries) = left(root, files, next_step=False), read(root) or (release, {})
     for rel, (before, after) in entries.items():
         if (now := _now(root, rel)) != before and (digest(now) != after or release != made_for):
@@ -159,5 +186,5 @@ def recover(root: Path, label: str, release: str, files: list[str]) -> str:
 
 
 def close(root: Path) -> None:
-    """The write is whole: the journal goes."""
+    """Remove the journal of a whole write."""
     (root / JOURNAL).unlink()

@@ -1,8 +1,6 @@
-"""The carried patch: patches/series, one git format-patch mailbox read by `git mailinfo` and unidiff (the one reading
-of its diff)."""
+"""The carried patch, a git format-patch mailbox read by `git mailinfo` and unidiff."""
 
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,6 +9,7 @@ from unidiff.errors import UnidiffParseError
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
+from mtp_mask_fix.journal import scratch
 from mtp_mask_fix.paths import PATCHES
 
 
@@ -18,14 +17,14 @@ DIFFSTAT = re.compile(r"^ (\d+) files? changed(?:, (\d+) insertions?\(\+\))?(?:,
 
 
 def series() -> list[Path]:
-    """Patches listed in patches/series, in order (quilt format: one name a line, # comments)."""
+    """The patches patches/series lists, in order (quilt's format)."""
     names = [line.split("#")[0].strip() for line in (PATCHES / "series").read_text().splitlines()]
     return [PATCHES / name for name in names if name]
 
 
 @dataclass(frozen=True)
 class Patch:
-    """One mailbox: git's own reading of its headers and message, the DEP-3 block after `---`, and the diff."""
+    """One mailbox, with git's reading of its headers and message, its DEP-3 block and its diff."""
 
     path: Path
     text: str
@@ -53,9 +52,9 @@ class Patch:
 
     @classmethod
     def parse(cls, path: Path, text: str) -> "Patch":
-        """git mailinfo splits headers, message and the rest; the rest holds the DEP-3 block, diffstat and diff."""
-        with tempfile.TemporaryDirectory() as tmp:
-            msg, rest = Path(tmp) / "msg", Path(tmp) / "rest"
+        """Read a mailbox's text, refusing it where it is damaged."""
+        with scratch() as tmp:
+            msg, rest = tmp / "msg", tmp / "rest"
             info = git("mailinfo", str(msg), str(rest), input=text, check=False)
             headers = dict(line.split(": ", 1) for line in info.stdout.splitlines() if ": " in line)
             body, after = (msg.read_text().strip(), rest.read_text()) if info.returncode == 0 else ("", "")
@@ -88,7 +87,7 @@ class Patch:
         return cls(path, text, headers, body, metadata, diff, base and base.group(1), files)
 
     def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
-        """Some files' diff (src: True sources, False tests, None all), less the `leave_out` (path, hunk index)."""
+        """The diff of the sources (`src` True), the rest (False) or all (None), less the hunk `leave_out` names."""
         out = []
         for patched in (f for f in self.files if src is None or f.path.startswith("src/") == src):
             kept = [str(h) for i, h in enumerate(patched) if (patched.path, i) != leave_out]
@@ -97,7 +96,7 @@ class Patch:
         return "".join(text if text.endswith("\n") else text + "\n" for text in out)
 
     def paths(self, *, src: bool | None = None) -> list[str]:
-        """The files the patch changes (src: True sources, False the rest), as upstream checkouts name them."""
+        """The paths of the files the patch changes (`src` as in part), as an upstream checkout names them."""
         return [f.path for f in self.files if src is None or f.path.startswith("src/") == src]
 
     def test_files(self) -> list[str]:

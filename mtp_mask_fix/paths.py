@@ -17,7 +17,6 @@ UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"  # upstream's test 
 
 
 def is_gpt_step_of(file: str | Path, tree: str | Path) -> bool:
-    """Whether `file` (a gpt_step.py a process imported) is the one of `tree` (a directory holding megatron/bridge):
-    the check every red/green verdict rests on. By absolute path, not resolved: a tree's other files may be
-    symlinks into its base, its gpt_step.py never."""
+    """Whether `file`, the gpt_step.py a process imported, is the one of `tree` (which holds megatron/bridge)."""
+    # By absolute path, not resolved: a tree's other files may be symlinks into its base, its gpt_step.py never.
     return os.path.abspath(file) == os.path.abspath(Path(tree) / GPT_STEP)

@@ -1,8 +1,7 @@
-"""verify's behaviour probe, run as a script (its source through `-c`) in the interpreter that trains, the target first
-on PYTHONPATH: that Megatron-Bridge's real `forward_step` with MTP on, a one-rank job, a batch as a dataset yields it
-(so each release's own `get_batch` reads it) and a model that records what it receives. It prints one JSON object:
-the gpt_step.py it ran, whether the model received the batch's loss_mask, and why. The one module of the tool that
-imports torch and megatron, and nothing of the tool: it runs where only the target's own packages are installed."""
+"""verify's probe: the target's own `forward_step` and `get_batch` with MTP on, and a model that records its kwargs."""
+
+# Run as a script (its source through -c) in the interpreter that trains, the target first on PYTHONPATH; it prints
+# one JSON object. The one module of the tool that imports torch and megatron, and nothing of the tool.
 
 import json
 from types import SimpleNamespace
@@ -12,7 +11,7 @@ LOSS_MASK = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]  # asymmetric: no other
 
 
 def _batch(torch):
-    """One micro-batch as Bridge's datasets yield it; `.cuda()` keeps it on the CPU (get_batch moves it there)."""
+    """One micro-batch as Bridge's datasets yield it, kept on the CPU by `.cuda()`."""
 
     class Resident(torch.Tensor):
         def cuda(self, *args, **kwargs):
@@ -29,8 +28,7 @@ def _batch(torch):
 
 
 def global_state():
-    """The parts of Bridge's GlobalState that forward_step reads: no packing, no dataset attention mask, no pipeline
-    layout; timers that do nothing (the tiny model's real steps read the same)."""
+    """The parts of Bridge's GlobalState that forward_step reads, with no packing and timers that do nothing."""
     from unittest.mock import MagicMock  # timers and the straggler timer: called, started, entered, they do nothing
 
     dataset = SimpleNamespace(
@@ -43,7 +41,7 @@ def global_state():
 
 
 def probe() -> dict:
-    """Run forward_step once and report what the model received."""
+    """The gpt_step.py that ran, whether the model received the batch's loss_mask, and why."""
     import torch
 
     import megatron.bridge.training.gpt_step as gpt_step
@@ -54,9 +52,14 @@ def probe() -> dict:
         seen.update(kwargs)
         return torch.zeros(2, 4)
 
-    # A job of one rank: every process group (pipeline, context, tensor parallel) is that rank's world.
+    from megatron.core import parallel_state
+
+    # A job of one rank: every process group (pipeline, context, tensor parallel) is that rank's world, set up as
+    # megatron-core sets it up, for the lines whose get_batch asks parallel_state which stage it runs.
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel()
     world = torch.distributed.group.WORLD
     config = SimpleNamespace(
         mtp_num_layers=1, is_hybrid_model=False, seq_length=4, overlap_moe_expert_parallel_comm=False

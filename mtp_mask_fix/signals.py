@@ -1,5 +1,4 @@
-"""SIGINT, SIGTERM and SIGHUP for every command: inside `guard()` they raise `Interrupted`, and `held()` defers them until
-a write is whole."""
+"""The signals every command handles: `guard()` raises Interrupted for them, `held()` defers them past a write."""
 
 import contextlib
 import signal
@@ -20,7 +19,7 @@ class Interrupted(BaseException):
 
 @contextlib.contextmanager
 def guard():
-    """Inside the block, SIGINT, SIGTERM and SIGHUP raise Interrupted (at the end of a `held()` block)."""
+    """Have SIGNALS raise Interrupted inside the block (at the end of a `held()` one)."""
 
     def interrupt(signum, frame):
         raise Interrupted(signum)
@@ -35,7 +34,8 @@ def guard():
 
 @contextlib.contextmanager
 def held():
-    """Signals blocked until the block ends, then delivered: no write is cut short (spawn nothing: it inherits that)."""
+    """Block SIGNALS until the block ends, then deliver them, so that no write is cut short."""
+    # A process spawned inside inherits the block: spawn none.
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # first: a handler run by the call below cannot skip `finally`
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)

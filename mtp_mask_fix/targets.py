@@ -15,7 +15,7 @@ Kind = Enum("Kind", "CHECKOUT TREE INSTALLED")  # the shapes a TARGET can take
 
 @dataclass(frozen=True)
 class Target:
-    """Where the patch goes; `import_root`, first on the import path, gives its `megatron.bridge` (a tree's src/)."""
+    """Where the patch goes; its `import_root` (a tree's src/), first on the path, gives its `megatron.bridge`."""
 
     label: str
     root: Path
@@ -23,7 +23,7 @@ class Target:
 
     @property
     def strip(self) -> int:
-        """git apply's -p: 1 for trees with src/, 2 for installed packages (a/src/megatron/... -> megatron/...)."""
+        """git apply's -p, 1 for trees with src/ and 2 for installed packages."""
         return 1 if self.kind in (Kind.CHECKOUT, Kind.TREE) else 2
 
     @property
@@ -36,7 +36,7 @@ class Target:
 
     @property
     def release(self) -> str:
-        """The Megatron-Bridge version its package_info.py states, "" without one (a journal names it)."""
+        """The Megatron-Bridge version its package_info.py states, "" without one."""
         info = self.import_root / PACKAGE / "package_info.py"
         text = info.read_text(errors="replace") if info.is_file() else ""
         found = [re.search(rf"^{part} = [\"']?([\w.]*)", text, re.M) for part in ("MAJOR", "MINOR", "PATCH")]
@@ -45,7 +45,7 @@ class Target:
 
 
 def resolve(spec: str) -> Target:
-    """TARGET as the user wrote it: a directory."""
+    """The target a TARGET argument names."""
     what = "(a TARGET is the directory of a Megatron-Bridge)"
     try:
         path = Path(spec).expanduser() if spec.strip() else None

@@ -1,5 +1,4 @@
-"""`verify`: whether the code a target holds hands the batch's loss_mask to a model with MTP on, judged by behaviour
-(probe.py) in the interpreter that trains."""
+"""`verify`: whether a target hands a model with MTP on the batch's loss_mask, by its behaviour (probe.py)."""
 
 import ctypes
 import json
@@ -16,9 +15,9 @@ from mtp_mask_fix.targets import Target
 
 
 def verify(target: Target, python: str) -> tuple[bool, str]:
-    """Whether the mask reaches the model, and why: probe.py's source run with -c under `python` (nothing of the tool
-    installed there, no module of its folder shadowing the target's), the target's import root first on the path.
-    The probe ends with this process, however it ends."""
+    """Whether the mask reaches the model under `python`, and why."""
+    # probe.py's source through -c: nothing of the tool need be installed there, and no module of its folder shadows
+    # the target's. The probe ends with this process, however it ends.
     path = os.pathsep.join(filter(None, [str(target.import_root), os.environ.get("PYTHONPATH")]))
     run, env = [python, "-c", Path(probe.__file__).read_text()], dict(os.environ, PYTHONPATH=path)
     result = subprocess.run(
@@ -48,8 +47,8 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
 
 
 def _ends_with(parent: int) -> None:
-    """In the probe before it starts: killed when the tool dies (Linux's parent-death signal), kill -9 included, which
-    leaves no one to stop it; gone at once if the tool died before (elsewhere a Ctrl-C reaches its process group)."""
+    """Have the probe killed when the tool dies, kill -9 included (Linux's parent-death signal), or end it now."""
+    # Elsewhere a Ctrl-C still reaches its process group.
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

@@ -7,12 +7,14 @@ It is read only outside a held (signal-blocked) write, as a signal at that momen
 - journaled: the journal is written, the file is as before;
 - replaced: the journal is written, the file is patched;
 - verified: the probe has answered;
-- done: the journal is gone, the file is patched.
+- done: the journal is gone, the file is patched;
+- a temporary folder: the first one the run makes (in $TMPDIR) exists.
 """
 
 import contextlib
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -54,5 +56,11 @@ def verify(target, python, _real=apply.verify):
     return found
 
 
-apply._new_bytes, apply.held, apply.verify = new_bytes, held, verify
+def mkdtemp(*args, _real=tempfile.mkdtemp, **kwargs):
+    made = _real(*args, **kwargs)
+    pause("a temporary folder")
+    return made
+
+
+apply._new_bytes, apply.held, apply.verify, tempfile.mkdtemp = new_bytes, held, verify, mkdtemp
 cli.main(ARGV)

@@ -7,6 +7,7 @@ patch's own hunks for that file (their context and removed lines, the only upstr
 These tests never import torch or megatron: they run the tool as a user does.
 """
 
+import base64
 import hashlib
 import os
 import subprocess
@@ -205,13 +206,24 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def record(root: Path) -> None:
+    """Write the RECORD a wheel installs beside its files: each file under megatron/ with its sha256 and size."""
+    rows = []
+    for path in sorted((root / "megatron").rglob("*.py")):
+        data = path.read_bytes()
+        sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
+        rows.append(f"{path.relative_to(root)},sha256={sha},{len(data)}\n")
+    _write(root / f"megatron_bridge-{PINNED}.dist-info" / "RECORD", "".join(rows))
+
+
 @pytest.fixture
 def site_packages(tmp_path, release_gpt_step) -> Tree:
-    """A site-packages-shaped directory holding megatron/bridge/training/gpt_step.py (no tests/)."""
+    """A site-packages-shaped directory holding megatron/bridge/training/gpt_step.py and its wheel's RECORD."""
     tree = Tree(tmp_path / "site-packages", "installed")
     for package in ("megatron/bridge", "megatron/bridge/training"):
         _write(tree.root / package / "__init__.py", "")
     _write(tree.gpt_step, release_gpt_step)
+    record(tree.root)
     return tree
 
 
@@ -247,7 +259,8 @@ def target(request) -> Tree:
 
 @pytest.fixture
 def edit(git):
-    """Replace one exact snippet in a target file; on a git checkout, commit it unless told not to."""
+    """Replace one exact snippet in a target file as upstream would (a commit; installed: another release's RECORD), or
+    as a local edit (`commit=False`)."""
 
     def change(tree: Tree, path: Path, old: str, new: str, *, commit: bool = True) -> None:
         text = path.read_text()
@@ -255,6 +268,8 @@ def edit(git):
         path.write_text(text.replace(old, new))
         if tree.kind == "git" and commit:
             git(tree.root, "commit", "--quiet", "-am", f"upstream edits {path.name}")
+        if tree.kind == "installed" and commit:
+            record(tree.root)
 
     return change
 

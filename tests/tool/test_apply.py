@@ -3,6 +3,7 @@ and a journal that never writes into a tree that changed since."""
 
 import fcntl
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -183,6 +184,41 @@ class TestKilled:
         }
 
 
+class TestTemporaryFolders:
+    """Nothing a killed run made stays outside TARGET: the next run removes the temporary folders it left in $TMPDIR."""
+
+    def test_a_folder_left_by_kill_9_goes_with_the_next_run(self, cli, tool_env, tmp_path, snapshot, site_packages):
+        env, before = dict(tool_env, TMPDIR=str(tmp_path / "tmpdir")), snapshot(site_packages.root)
+        others = {"mtp-mask-fix-watch-live", "tmp-of-another-program"}  # not this run's to remove
+        for name in others:
+            (tmp_path / "tmpdir" / name).mkdir(parents=True)
+        proc = start_paused(env, tmp_path, "a temporary folder", "apply", "--no-verify", site_packages.root)
+        proc.kill()
+        proc.communicate()
+        assert {path.name for path in (tmp_path / "tmpdir").iterdir()} > others  # what the killed run left
+        for command in ("apply", "revert"):
+            assert cli(command, *["--no-verify"][: command == "apply"], site_packages.root, env=env).returncode == 0
+        assert {path.name for path in (tmp_path / "tmpdir").iterdir()} == others
+        assert snapshot(site_packages.root) == before
+
+    @pytest.mark.slow
+    def test_kill_9_at_random_moments(self, cli, tool_env, tmp_path, snapshot, probe_ok, site_packages):
+        """12 kills anywhere in an apply that verifies (a probe of 0.2 s), each followed by apply and revert."""
+        env, before = dict(tool_env, TMPDIR=str(tmp_path / "tmpdir")), snapshot(site_packages.root)
+        (tmp_path / "tmpdir").mkdir()
+        python, moments = probe_ok(site_packages.root, seconds=0.2), random.Random(6103)
+        apply = [sys.executable, "-m", "mtp_mask_fix", "apply", "--python", python, site_packages.root]
+        for _ in range(12):
+            proc = subprocess.Popen(apply, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            time.sleep(moments.uniform(0, 1.0))
+            proc.kill()
+            proc.communicate()
+            assert cli("apply", "--python", python, site_packages.root, env=env).returncode == 0
+            assert cli("revert", site_packages.root, env=env).returncode == 0
+            assert list((tmp_path / "tmpdir").iterdir()) == []
+            assert snapshot(site_packages.root) == before
+
+
 class TestRevert:
     """revert: the files as they were before the patch, all or nothing; refused where the patch is not what holds."""
 
@@ -343,13 +379,14 @@ class TestStartUp:
     """A signal before the tool has read anything, and a probe whose tool is killed."""
 
     def test_the_handlers_come_before_the_rest_of_the_tool(self, tool_env):
-        """The console script's module sets its handlers as it is imported, and loads nothing else of the tool: the
-        rest (argparse, subprocess, unidiff, git) loads under them."""
+        """The console script's module sets its handlers as it is imported, with nothing of the tool but the signal
+        set: the rest (argparse, subprocess, unidiff, git) loads under them."""
         code = "import signal, sys, mtp_mask_fix.__main__ as m; "
         code += "print(sorted(n for n in sys.modules if n.startswith('mtp_mask_fix')), "
         code += "{signal.getsignal(s) is m._before_anything for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)})"
         done = subprocess.run([sys.executable, "-c", code], env=tool_env, capture_output=True, text=True)
-        assert done.stdout == "['mtp_mask_fix', 'mtp_mask_fix.__main__'] {True}\n", done.stderr
+        loaded = "['mtp_mask_fix', 'mtp_mask_fix.__main__', 'mtp_mask_fix.errors', 'mtp_mask_fix.signals']"
+        assert done.stdout == f"{loaded} {{True}}\n", done.stderr
         script = (Path(sys.executable).parent / "mtp-mask-fix").read_text()
         assert "from mtp_mask_fix.__main__ import main" in script
 

@@ -50,7 +50,7 @@ CASES = {
     "no git on PATH": Case("git", "no git", ("check", "TARGET"), 2, ("git is not on PATH",)),
     # the interpreter
     "an interpreter naming no bridge": Case(
-        "installed", "python /", ("status", "--python", "PY"), 2, ("{PY} imports",)
+        "installed", "python /", ("status", "--python", "PY"), 2, ("{PY} imports", "give --python")
     ),
     "no such interpreter": Case("installed", "", ("check", "--python", "no-such-python"), 2, ("no such interpreter",)),
     "an interpreter without torch": Case(
@@ -62,7 +62,12 @@ CASES = {
     # the command line
     "an unknown command": Case("installed", "", ("frobnicate",), 2, ("invalid choice: 'frobnicate'",)),
     "no command": Case("installed", "", (), 2, ("required: command",)),
-    "an unknown option": Case("installed", "", ("check", "--frobnicate"), 2, ("unrecognized arguments",)),
+    "an unknown flag": Case(
+        "installed", "", ("--frobnicate",), 2, ("arguments: --frobnicate (see mtp-mask-fix --help)",)
+    ),
+    "an unknown option": Case(
+        "installed", "", ("check", "--frobnicate"), 2, ("arguments: --frobnicate (see mtp-mask-fix check --help)",)
+    ),
     "an option without a value": Case("installed", "", ("check", "--python"), 2, ("expected one argument",)),
 }
 

@@ -48,6 +48,8 @@ class TestCheckStates:
         assert snapshot(target.root) == before
         assert "drifted" in line
         assert re.search(r"patch failed: (src/)?megatron/bridge/training/gpt_step\.py:\d+", line)
+        at = target.gpt_step.read_text().split("attention_mask if use_mask")[0].count("\n") + 1  # the user's line
+        assert line.endswith(f", at {target.gpt_step.relative_to(target.root)}:{at} of this tree")
 
     def test_upstream_test_file_moved_on(self, cli, edit, checkout, patched_gpt_step):
         """The source hunk still fits, but upstream's test file moved on: the source alone, said so (naming the test
@@ -79,7 +81,28 @@ class TestCheckStates:
         assert line == verdict(cli("check", checkout.root), 2) and "uncommitted local changes in the patch's" in line
 
     def test_no_target_and_no_megatron_bridge_is_refused(self, cli, refused):
-        refused(cli("check"), 2, "imports no megatron.bridge", sys.executable)
+        refused(cli("check"), 2, "imports no megatron.bridge", sys.executable, "--python")
+
+
+# A line changed and a line added, in the source hunk's region; each the user's line that the verdict names.
+REGION_EDITS = {"changed": (CONTEXT, REGION_EDIT), "added": (CONTEXT, CONTEXT + "        # a local note\n")}
+
+
+@pytest.mark.parametrize("change", REGION_EDITS)
+@pytest.mark.parametrize("kind", ["site_packages", "checkout"])
+def test_local_edits_in_the_region_name_the_users_line(request, cli, refused, edit, snapshot, kind, change):
+    """Installed (the wheel's RECORD says the file is not as shipped) or checked out (the diff fits the commit):
+    local edits, not drift; check and apply refuse with exit 2, at the line of the user's file, and change nothing."""
+    tree, (old, new) = request.getfixturevalue(kind), REGION_EDITS[change]
+    edit(tree, tree.gpt_step, old, new, commit=False)
+    text = tree.gpt_step.read_text()
+    line = text[: text.index(new) + len(new)].count("\n")  # the last line of the edit
+    where = f"{tree.gpt_step.relative_to(tree.root)}:{line}"
+    before = snapshot(tree.root)
+    said = verdict(cli("check", tree.root), 2)
+    assert f" in the patch's region ({where})" in said
+    assert refused(cli("apply", "--no-verify", tree.root), 2) == f"mtp-mask-fix: error: {said}"
+    assert snapshot(tree.root) == before
 
 
 class TestNestedTree:
@@ -102,6 +125,37 @@ class TestNestedTree:
         assert vendored.gpt_step.read_text() == patched_gpt_step
         assert "def test_forward_common_passes_loss_mask_to_mtp_model(" in vendored.upstream_test.read_text()
         assert "already applied" in verdict(cli("check", vendored.root), 3)
+
+
+MODEL_CALL = "            output_tensor = model(**forward_args)\n"
+OVERRIDES = [
+    'forward_args["loss_mask"] = torch.ones_like(loss_mask)',
+    'forward_args["loss_mask"] = None',
+    "forward_args.update(loss_mask=torch.ones_like(labels))",
+]
+
+
+@pytest.mark.parametrize("where", ["after the fix's line", "at the model call"])
+def test_a_patched_target_whose_mask_is_overridden_is_not_fixed(cli, edit, site_packages, release_gpt_step, where):
+    """apply, then a line that hands the model another mask: check and status refuse it as a local edit (exit 2),
+    never fixed (exit 3); revert takes the patch out and leaves that line where it stands."""
+    assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+    fix, override = '        forward_args["loss_mask"] = loss_mask\n', f"    {OVERRIDES[0]}\n"
+    old = fix if where == "after the fix's line" else MODEL_CALL
+    new = fix + override if old == fix else f"        {override}{old}"
+    edit(site_packages, site_packages.gpt_step, old, new, commit=False)
+    text = site_packages.gpt_step.read_text()
+    line = text[: text.index(new) + len(new)].count("\n") - (old == MODEL_CALL)  # the override's
+    said = {
+        "after the fix's line": f"local edits in the patch's region (megatron/bridge/training/gpt_step.py:{line})",
+        "at the model call": "but a later line hands the model another loss_mask",
+    }[where]
+    for command in ("check", "status"):
+        result = cli(command, site_packages.root)
+        assert result.returncode == 2 and said in result.stdout.splitlines()[-1], result.stdout
+    if where == "at the model call":  # outside the hunk: revert gives the bytes before the patch, that line kept
+        assert cli("revert", site_packages.root).returncode == 0
+        assert site_packages.gpt_step.read_text() == release_gpt_step.replace(old, new)
 
 
 class TestFixPresent:
@@ -139,6 +193,19 @@ class TestFixPresent:
     def test_a_tensor_that_is_not_the_batchs_mask_is_not_the_fix(self, release_gpt_step, value):
         assert not fix_present(
             release_gpt_step.replace(LABELS, LABELS.replace("    }", f'        "loss_mask": {value},\n    }}'))
+        )
+
+    @pytest.mark.parametrize("override", OVERRIDES)
+    def test_a_later_word_on_the_mask_overrides_the_fix(self, patched_gpt_step, override):
+        """What the model receives is the last word on loss_mask before the call, not the first."""
+        assert fix_present(patched_gpt_step)
+        assert not fix_present(patched_gpt_step.replace(MODEL_CALL, f"            {override}\n{MODEL_CALL}"))
+
+    def test_the_mask_as_the_last_word_after_a_none_is_the_fix(self, release_gpt_step):
+        fixed = release_gpt_step.replace(LABELS, EQUIVALENT_FIX.replace(": loss_mask", ": None"))
+        assert not fix_present(fixed)
+        assert fix_present(
+            fixed.replace(MODEL_CALL, f'            forward_args["loss_mask"] = loss_mask\n{MODEL_CALL}')
         )
 
     def test_a_file_that_does_not_parse_is_not_the_fix(self):
