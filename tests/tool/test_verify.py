@@ -153,13 +153,12 @@ class TestVerdicts:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tag", ["v0.2.0", "v0.2.2"])
-def test_a_v0_2_checkout_is_applied_verified_and_reverted(cli, git, tmp_path, tag):
+def test_a_v0_2_checkout_is_applied_verified_and_reverted(cli, git, tmp_path, tag, upstream_checkout):
     """The oldest lines' get_batch asks megatron-core's parallel_state which pipeline stage it runs: the probe sets
     that state up, so apply (verified), verify and revert all exit 0 with 0.3.1's interpreter (megatron-core 0.16),
     and revert gives the commit's bytes back."""
-    upstream = os.environ.get("MTP_UPSTREAM_CHECKOUT") or pytest.skip("needs MTP_UPSTREAM_CHECKOUT (its tags)")
-    archive = subprocess.run(["git", "-C", upstream, "archive", tag, "src", "tests"], capture_output=True)
-    assert archive.returncode == 0, f"{upstream} has no tag {tag} (git fetch --tags): {archive.stderr}"
+    archive = subprocess.run(["git", "-C", upstream_checkout, "archive", tag, "src", "tests"], capture_output=True)
+    assert archive.returncode == 0, f"{upstream_checkout} has no tag {tag} (git fetch --tags): {archive.stderr}"
     root = tmp_path / tag
     root.mkdir()
     subprocess.run(["tar", "-x", "-C", root], input=archive.stdout, check=True)
@@ -171,7 +170,7 @@ def test_a_v0_2_checkout_is_applied_verified_and_reverted(cli, git, tmp_path, ta
     assert [(run.returncode, run.stderr) for run in runs] == [(0, "")] * 3
     assert (
         runs[0].stdout
-        == f"{root}: applied (source hunks only, {BACKPORT_FILE}); verified with {python}: {DELIVERED}\n"
+        == f"{root}: applied (source hunks only, {patch_file('0.3.1')}); verified with {python}: {DELIVERED}\n"
     )
     assert runs[1].stdout == f"{root}: verified with {python}: {DELIVERED}\n"
     assert digests(root / "src") == before
