@@ -10,7 +10,10 @@ from mtp_mask_fix import cli
 
 RUN = [  # what ./run does itself, around the modules
     ("./run setup", "sync the environment (uv.lock; a quick check once it is in sync) and write the view src/"),
-    ("./run test [--all] [PYTEST ARGS]", "the push tier; with --all every tier (what CI runs); or what the arguments select"),
+    (
+        "./run test [--all] [PYTEST ARGS]",
+        "the push tier; with --all every tier (what CI runs); or what the arguments select",
+    ),
     (
         "./run python VERSION|DIR",
         "the interpreter of a release's environment or of an upstream checkout's, built once",
