@@ -24,8 +24,13 @@ LINK = re.compile(
 LINKS = [link for text in TEXTS.values() for link in LINK.finditer(text)]
 # What the texts say is not there, which no quote can show: {a linked path: strings absent from what its links show}.
 ABSENT = {
-    "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py": ("loss_mask", "**"),  # forward's
+    # FalconH1Model.forward's parameters
+    "src/megatron/bridge/models/falcon_h1/modeling_falconh1/falconh1_model.py": ("loss_mask", "**", "packed_seq"),
     "src/megatron/bridge/recipes": ("falcon",),  # no FalconH1 recipe
+}
+# What the texts say a file reads only where they link: {a linked path: (a name, the one line elsewhere that holds it)}.
+ONLY_WHERE_LINKED = {
+    "megatron/core/models/hybrid/hybrid_model.py": ("loss_mask", "loss_mask: Optional[Tensor] = None,"),  # forward's
 }
 
 
@@ -62,7 +67,7 @@ def test_every_link_names_a_commit_that_never_moves():
 def test_every_line_link_quotes_the_code_it_points_at():
     ranges = [link for link in LINKS if link["first"]]
     assert ranges and all(_quotes(link["text"]) for link in ranges)
-    assert set(ABSENT) <= {link["path"] for link in LINKS}
+    assert set(ABSENT) | set(ONLY_WHERE_LINKED) <= {link["path"] for link in LINKS}
 
 
 def test_the_co_author_is_left_to_the_poster():
@@ -108,3 +113,15 @@ def test_a_link_shows_what_its_text_says(upstream_checkout, url):
         shown = "\n".join(shown.splitlines()[int(first) - 1 : int(last or first)])
         assert [quote for quote in quotes if " ".join(quote.split()) not in " ".join(shown.split())] == []
     assert shown.strip() and [word for word in absent if word in shown.lower()] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(ONLY_WHERE_LINKED))
+def test_a_name_said_to_be_read_only_where_linked_is_nowhere_else(upstream_checkout, path):
+    name, declaration = ONLY_WHERE_LINKED[path]
+    links = [link for link in LINKS if link["path"] == path]
+    clone = upstream_checkout / SUBMODULE if links[0]["repo"] == MEGATRON_LM else upstream_checkout
+    linked = {number for link in links for number in range(int(link["first"]), int(link["last"] or link["first"]) + 1)}
+    lines = _git(clone, "show", f"{links[0]['rev']}:{path}").stdout.splitlines()
+    elsewhere = [line.strip() for number, line in enumerate(lines, 1) if name in line and number not in linked]
+    assert elsewhere == [declaration]
