@@ -8,6 +8,7 @@ does, so they start once the suite is collected, on the core the tool's tests le
 
 import compileall
 import os
+import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,6 +46,14 @@ def upstream_checkout(pytestconfig) -> Path:
     if not (where := pytestconfig.getoption("upstream_checkout")):
         pytest.skip("needs --upstream-checkout DIR: a Megatron-Bridge clone holding the patch's base-commit")
     return Path(where).resolve()
+
+
+@pytest.fixture(autouse=True)
+def _signal_mask():
+    """Give each test the session's signal mask back: a command's main() run in-process blocks signals as it exits."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _compile_the_trees() -> None:
