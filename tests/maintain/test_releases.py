@@ -90,7 +90,7 @@ class TestReleaseEnvironments:
         assert spec(version)[0] == key
 
     @pytest.fixture
-    def upstream_checkout(self, git, tmp_path, monkeypatch):
+    def scratch_checkout(self, git, tmp_path, monkeypatch):
         """A scratch Megatron-Bridge checkout: (bridge, its submodule, the pinned commit); .work/src in tmp_path."""
         import maintain.envs
 
@@ -111,13 +111,13 @@ class TestReleaseEnvironments:
         git(bridge, "commit", "-q", "-m", "bridge")
         return bridge, (bridge / "3rdparty" / "Megatron-LM").resolve(), git(lm, "rev-parse", "HEAD").strip()
 
-    def test_an_upstream_checkout_gets_its_submodules_core(self, upstream_checkout, tmp_path):
+    def test_an_upstream_checkout_gets_its_submodules_core(self, scratch_checkout, tmp_path):
         """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from the commit DIR
         pins, unpacked from git (not the submodule's working tree, with its local edits and stale build/), and keeps
         the transformers pin through its extras."""
         from maintain.envs import checkout_spec
 
-        bridge, source, commit = upstream_checkout
+        bridge, source, commit = scratch_checkout
         (source / "megatron" / "core" / "uncommitted.py").write_text("")  # a local edit
         (source / "build" / "lib").mkdir(parents=True)  # a stale build
         unpacked = tmp_path / "work" / "src" / f"megatron-lm-{commit[:12]}"
@@ -137,13 +137,13 @@ class TestReleaseEnvironments:
         assert not (unpacked / "megatron" / "core" / "package_info.py").exists()
 
     @pytest.mark.parametrize("state", ["moved", "staged", "not checked out"])
-    def test_an_upstream_checkout_off_its_pinned_core_is_refused(self, upstream_checkout, git, state):
+    def test_an_upstream_checkout_off_its_pinned_core_is_refused(self, scratch_checkout, git, state):
         """Only the commit HEAD pins will do: the submodule moved on, or moved and staged (`git submodule status`
         would call that clean, as it compares with the index), or absent."""
         from maintain.envs import checkout_spec
         from mtp_mask_fix.errors import ToolError
 
-        bridge, source, _ = upstream_checkout
+        bridge, source, _ = scratch_checkout
         if state == "not checked out":
             git(bridge, "submodule", "-q", "deinit", "-f", "3rdparty/Megatron-LM")
         else:
@@ -163,11 +163,11 @@ class TestReleaseEnvironments:
             ("no version", "no MAJOR/MINOR/PATCH version in"),
         ],
     )
-    def test_a_broken_upstream_checkout_is_one_line(self, upstream_checkout, git, breakage, reason):
+    def test_a_broken_upstream_checkout_is_one_line(self, scratch_checkout, git, breakage, reason):
         from maintain.envs import checkout_spec
         from mtp_mask_fix.errors import ToolError
 
-        bridge, source, _ = upstream_checkout
+        bridge, source, _ = scratch_checkout
         info = source / "megatron" / "core" / "package_info.py"
         if breakage == "no dependencies":
             (bridge / "pyproject.toml").write_text('[project]\nname = "megatron-bridge"\n')

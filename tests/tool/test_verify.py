@@ -80,8 +80,9 @@ UPSTREAM = {}  # --upstream-checkout and --upstream-python, for "main"
 def start_early(session) -> None:
     """Start the routes of the lines this session runs: they need nothing else of it."""
     shutil.rmtree(WORK / "verify-lines", ignore_errors=True)
-    versions = {item.callspec.params["version"] for item in session.items if item.cls is TestReleaseLineRoute}
     UPSTREAM.update(checkout=session.config.getoption("upstream_checkout"))
+    versions = {item.callspec.params["version"] for item in session.items if item.cls is TestReleaseLineRoute}
+    versions -= set() if UPSTREAM["checkout"] else {"main"}
     UPSTREAM.update(python=session.config.getoption("upstream_python") or sys.executable)
     EARLY["routes"] = ThreadPoolExecutor(1).submit(lambda: {version: _route(version) for version in versions})
 
