@@ -32,6 +32,9 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    where = config.getoption("upstream_checkout")
+    if where and not (Path(where) / ".git").exists():
+        raise pytest.UsageError(f"--upstream-checkout {where}: not a git clone of Megatron-Bridge")
     if not config.getoption("outcomes"):  # a session of its own (a red/green session is given its file)
         path = WORK / "sessions" / f"{os.getpid()}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
