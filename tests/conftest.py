@@ -19,6 +19,7 @@ from maintain.repo import VIEW, WORK, pins, release
 
 pytest_plugins = ["maintain.redgreen", "tests.support.targets"]
 FIRST = "tests/tool/"
+LATER = "tests/tool/test_verify.py::TestReleaseLineRoute"  # each line's route, made in the background meanwhile
 LAST = ("tests/test_red_green.py", "tests/test_wrong_fixes.py")
 
 
@@ -75,7 +76,13 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
     # The tool's tests run one CLI process at a time and leave a core to the background sessions.
-    items.sort(key=lambda item: (not item.nodeid.startswith(FIRST), item.nodeid.startswith(LAST)))
+    items.sort(
+        key=lambda item: (
+            item.nodeid.startswith(LAST),
+            item.nodeid.startswith(LATER),
+            not item.nodeid.startswith(FIRST),
+        )
+    )
 
 
 def pytest_collection_finish(session):
