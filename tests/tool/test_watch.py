@@ -100,13 +100,8 @@ def test_the_users_sitecustomize_still_runs(cli, env, tmp_path):
     assert "none seen (megatron-core's MTP loss found in 1 process(es)" in result.stderr  # and watch's own ran too
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupted_the_job_ends_and_nothing_is_left(env, tmp_path, signum):
-    """SIGINT to watch's process group (Ctrl-C at a terminal), SIGTERM to watch alone: the command gets it once, ends,
-    and watch says so in one line, 128+n, with its folder gone."""
-    env = dict(env, **core(tmp_path / "core", NEVER_RAN))
-    job = f"import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); {IMPORT_GPT}; "
-    job += "open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
+def _watching(env: dict, tmp_path, job: str, written: str) -> subprocess.Popen:
+    """`watch -- python -c JOB` in a session of its own, once the job has written the file `written`."""
     watch = subprocess.Popen(
         [PY, "-m", "mtp_mask_fix", "watch", "--", PY, "-c", job],
         cwd=tmp_path,
@@ -116,9 +111,20 @@ def test_interrupted_the_job_ends_and_nothing_is_left(env, tmp_path, signum):
         text=True,
         start_new_session=True,
     )
-    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
+    while not (tmp_path / written).exists() or not (tmp_path / written).read_text():
         assert watch.poll() is None, watch.communicate()
         time.sleep(0.05)
+    return watch
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_the_job_ends_and_nothing_is_left(env, tmp_path, signum):
+    """SIGINT to watch's process group (Ctrl-C at a terminal), SIGTERM to watch alone: the command gets it once, ends,
+    and watch says so in one line, 128+n, with its folder gone."""
+    env = dict(env, **core(tmp_path / "core", NEVER_RAN))
+    job = f"import os, signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); {IMPORT_GPT}; "
+    job += "open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
+    watch = _watching(env, tmp_path, job, "pid")
     (os.killpg if signum == signal.SIGINT else os.kill)(watch.pid, signum)
     out, err = watch.communicate(timeout=60)
     assert (watch.returncode, out) == (128 + signum, "")
@@ -135,18 +141,7 @@ def test_a_second_signal_ends_a_job_that_ignores_the_first(env, tmp_path):
     child = "import subprocess, sys; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])"
     job = f"import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); {IMPORT_GPT}; {child}; "
     job += "open('pids', 'w').write(f'{child.pid}'); time.sleep(60)"
-    watch = subprocess.Popen(
-        [PY, "-m", "mtp_mask_fix", "watch", "--", PY, "-c", job],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    while not (tmp_path / "pids").exists() or not (tmp_path / "pids").read_text():
-        assert watch.poll() is None, watch.communicate()
-        time.sleep(0.05)
+    watch = _watching(env, tmp_path, job, "pids")
     os.killpg(watch.pid, signal.SIGINT)
     with pytest.raises(subprocess.TimeoutExpired):  # the job ignores it, and watch waits for the job
         watch.wait(timeout=2)
