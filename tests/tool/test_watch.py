@@ -211,17 +211,7 @@ def test_a_job_stopped_through_watch_after_masked_steps_prints_its_counts_and_ex
     job += "for _ in range(2):\n    h = torch.ones(20, 1, requires_grad=True)\n"
     job += "    g.process_mtp_loss(h, labels, torch.ones(1, 10), input_ids=inputs).sum().backward()\n"
     job += "open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
-    watch = subprocess.Popen(
-        [PY, "-m", "mtp_mask_fix", "watch", "--", PY, "-c", job],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text():
-        assert watch.poll() is None, watch.communicate()
-        time.sleep(0.05)
+    watch = _watching(env, tmp_path, job, "pid")
     watch.send_signal(signal.SIGTERM)
     out, err = watch.communicate(timeout=60)
     assert (watch.returncode, err) == (128 + signal.SIGTERM, "")
