@@ -89,7 +89,7 @@ def pytest_collection_finish(session):
     modules = sorted({item.module for item in session.items if hasattr(item, "module")}, key=lambda m: m.__name__)
     early = [module.start_early for module in modules if hasattr(module, "start_early")]
     if early:
-        pool = ThreadPoolExecutor(len(early))  # each thread only waits on its sessions' process
+        pool = ThreadPoolExecutor(1)  # the batch's one thread, which only waits on its runner
         for start in early:
             try:
                 start(session)
