@@ -6,7 +6,8 @@ Run it after `./run setup` (warm). Each tier is one pytest session as `./run tes
 CPU-seconds of its whole process tree (this process is a subreaper, so orphans count), which depend far less than
 wall time on what else runs; pytest's own `--durations` names its slowest steps. The ratios come from interleaved
 rounds (unpatched, patched and patched under `mtp-mask-fix watch`, each a fresh one-rank process running the median
-of --steps forward+backward steps), quoted as the median over rounds with its range. Nothing here fails on a figure.
+of --steps forward+backward steps at hidden 128 on 128 positions, wall and CPU time), quoted as the median over
+rounds with its range. Nothing here fails on a figure.
 """
 
 import argparse
@@ -81,20 +82,28 @@ def memory() -> None:
 
 
 def ratios(rounds: int, steps: int) -> None:
-    """Print the patched/unpatched and watched/patched step-time ratios, interleaved round by round."""
+    """Print the patched/unpatched and watched/patched step-time ratios (wall and CPU, hidden 128 on 128 positions),
+    interleaved round by round."""
     from maintain.repo import VIEW, pins, release
 
     arms = {"unpatched": (release(pins()["megatron-bridge"]).root, False), "patched": (VIEW, False)}
     arms["watched"] = (VIEW, True)
-    found = {"patched/unpatched": [], "watched/patched": []}
+    found = {f"{name} ({clock})": [] for name in ("patched/unpatched", "watched/patched") for clock in ("wall", "CPU")}
     for round_ in range(rounds):
         order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]  # each arm first in turn
-        step = {arm: _run("bench", arms[arm][0], 1, "--steps", str(steps), watched=arms[arm][1]) for arm in order}
-        step = {arm: payloads[0]["median_step_s"] for arm, payloads in step.items()}
+        shape = ("--steps", str(steps), "--hidden", "128", "--seq", "128")
+        step = {arm: _run("bench", arms[arm][0], 1, *shape, watched=arms[arm][1])[0] for arm in order}
         for name in found:
-            top, bottom = name.split("/")
-            found[name].append(step[top] / step[bottom])
-        print(f"round {round_ + 1}: " + ", ".join(f"{arm} {step[arm] * 1e3:.2f} ms" for arm in arms), flush=True)
+            (top, bottom), key = (
+                name.split(" ")[0].split("/"),
+                "median_step_cpu_s" if "CPU" in name else "median_step_s",
+            )
+            found[name].append(step[top][key] / step[bottom][key])
+        times = (
+            f"{arm} {step[arm]['median_step_s'] * 1e3:.2f} ms ({step[arm]['median_step_cpu_s'] * 1e3:.2f} CPU)"
+            for arm in arms
+        )
+        print(f"round {round_ + 1}: " + ", ".join(times), flush=True)
     for name, values in found.items():
         print(f"{name}: median {statistics.median(values):.3f} (range {min(values):.3f} to {max(values):.3f})")
 

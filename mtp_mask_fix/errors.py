@@ -15,9 +15,9 @@ class Exit(IntEnum):
     USAGE = 2, "bad input or environment, refused before any work (not Megatron-Bridge, read-only, local edits, ...)"
     ALREADY_APPLIED = 3, "`check`, `status`: already fixed, by this patch or another way; nothing to apply"
     DRIFTED = 4, "the patch no longer applies: upstream's text changed"
-    FAILED = 5, "the behaviour probe failed or could not run, `watch` saw no MTP loss, or a killed run left files"
+    FAILED = 5, "the probe failed or could not run, `watch` judged no MTP loss call, or a killed run left files"
     BUSY = 6, "another mtp-mask-fix process held the target for longer than the wait: nothing changed"
-    UNMASKED = 7, "`watch`: an MTP loss trained against its contract (no mask, shifted labels, padding counted)"
+    UNMASKED = 7, "`watch`: MTP loss trained against its contract: no mask, not the loss's positions, labels shifted"
     INTERRUPTED = 128, "128 + n: signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); its line says what it left"
 
 

@@ -15,7 +15,7 @@ from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS
 
 
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
-JUDGED = ("trained", "calls", "no_mask", "no_labels", "against", "padding", *(f"shift {k}" for k in SHIFTS[1:]))
+UNREAD = "no labels, a row without gradient, or a loss that weighs positions unequally"
 
 
 def watch(args) -> tuple[str, Exit]:
@@ -51,7 +51,7 @@ def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
 
 
 def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | None = None) -> tuple[str, Exit]:
-    """The job's line, one per rank that ran the MTP loss with judged counts unlike most such ranks', and the code.
+    """The job's line, one per rank whose judged counts are unlike most ranks', and the code.
 
     Args:
         name: the command.
@@ -60,7 +60,8 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
         stopped: the signal watch passed on to the job, if any.
 
     Returns:
-        The lines, and 7 when an MTP loss trained against the contract, else 128+n, else the command's code.
+        The lines, and 7 when an MTP loss trained against the contract, else 128+n, else the command's code, else 5
+        when no call was judged.
     """
     total, ranks = {key: sum(r[key] for r in reports) for key in COUNTS}, {}
     for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
@@ -74,34 +75,53 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
             raise ToolError(f"watch: {name} {ended}", 128 - code if code < 0 else code)
         said = f"MTP loss calls: none seen (megatron-core's MTP loss found in {len(ranks)} process(es), looked for"
         raise ToolError(f"watch: {name}: {said} {LOOKED_FOR}); {UNSEEN}", Exit.FAILED)
-    shapes = {who: tuple(c[key] for key in JUDGED) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
+    shapes = {who: _shape(c) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
     usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
     lines = [
         f"  rank {who}: {_counts(ranks[who])}{_against(ranks[who])}" for who in sorted(shapes) if shapes[who] != usual
     ]
-    ran = [who for who, c in ranks.items() if c["calls"]]  # a rank once, whatever it forked (its data loader)
-    run_in = f"{len(ran)} rank(s)" if all(isinstance(who, int) for who in ran) else f"{len(ran)} process(es)"
+    ranked = [who for who in ranks if isinstance(who, int)]  # every rank, with the MTP loss (its last stage) or not
+    run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
     head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
+    if total["unread"]:
+        head += (
+            f"; not judged: {total['unread']} positions the MTP loss counts where a zero gradient need not be a mask"
+        )
+        head += f" ({UNREAD})"
     if strict := next((r["where"] for r in reports if r["where"]), None):
         head += f"; stopped (--strict) at {strict}"  # the job's code is then the stop's
     elif stopped:
         head += f"; stopped by {stopped.name}"
     elif code:
         head += f"; {name} {ended}"
+    elif total["trained"] == total["no_gradient"]:
+        head += "; no call judged: none was trained with a gradient"
     otherwise = stopped.code if stopped else 128 - code if code < 0 else code
+    if not otherwise and total["trained"] == total["no_gradient"]:
+        otherwise = Exit.FAILED
     return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
 
+def _shape(c: dict) -> tuple:
+    """What is judged of a rank's calls, not its data: the calls' counts, and which findings it has."""
+    return (*(c[key] for key in ("trained", "evaluated", "no_labels", "against", "no_mask")), *map(bool, _findings(c)))
+
+
+def _findings(c: dict) -> list[int]:
+    return [c["trains"], c["skips"], *(c[f"shift {k}"] for k in SHIFTS[1:])]
+
+
 def _counts(c: dict) -> str:
-    """What a job's (or a rank's) MTP loss calls were handed; all but the first two figures are of the trained ones."""
-    masked = f"{c['ones']} with an all-ones mask; {c['masked'] / (c['positions'] or 1):.1%} of positions masked"
-    said = f"{c['no_mask']} without loss_mask, {c['no_labels']} without labels, {masked}"
-    return f"MTP loss calls trained {c['trained']}, evaluated {c['calls'] - c['trained']}: {said}"
+    """How many MTP loss calls of a job (or a rank) trained, how many were evaluated, and what the trained ones had."""
+    waiting = c["calls"] - c["evaluated"] - c["trained"]
+    calls = f"MTP loss calls trained {c['trained']}, evaluated {c['evaluated']}, not reached by a backward {waiting}"
+    return f"{calls}: {c['no_gradient']} whose loss sent no gradient (not judged), {c['no_labels']} without labels"
 
 
 def _against(c: dict) -> str:
     """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; empty if none did."""
     said = [f"{c['no_mask']} without a loss_mask (core's MTP loss then counts every position)"] * bool(c["no_mask"])
+    said += [f"the MTP loss trains {c['trains']} positions the loss masks"] * bool(c["trains"])
+    said += [f"the MTP loss skips {c['skips']} positions the loss trains"] * bool(c["skips"])
     said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
-    said += [f"{c['padding']} with a mask that counts padding ({c['padded']} positions)"] * bool(c["padding"])
     return f": {c['against']} trained against the contract: {'; '.join(said)}" if c["against"] else ""

@@ -50,7 +50,9 @@ def moe_fields(dispatcher: str = "allgather", aux_loss_coeff: float = 0.0) -> di
     }
 
 
-def build_model(mtp_num_layers: int = 1, *, seed: int = SEED, **config_fields):
+def build_model(
+    mtp_num_layers: int = 1, *, seed: int = SEED, hidden: int = HIDDEN, max_seq: int = MAX_SEQ, **config_fields
+):
     """fp32 GPTModel (local spec, untied embeddings) with ``mtp_num_layers`` MTP layers (0: none); this rank's part of
     the parallel layout that cpu_runtime.init_distributed set up. ``config_fields`` go to TransformerConfig.
 
@@ -65,7 +67,7 @@ def build_model(mtp_num_layers: int = 1, *, seed: int = SEED, **config_fields):
     torch.manual_seed(seed)
     config = TransformerConfig(
         num_layers=NUM_LAYERS,
-        hidden_size=HIDDEN,
+        hidden_size=hidden,
         num_attention_heads=NUM_HEADS,
         mtp_num_layers=mtp_num_layers or None,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
@@ -92,7 +94,7 @@ def build_model(mtp_num_layers: int = 1, *, seed: int = SEED, **config_fields):
             config=config,
             transformer_layer_spec=spec,
             vocab_size=VOCAB,
-            max_sequence_length=MAX_SEQ,
+            max_sequence_length=max_seq,
             position_embedding_type="rope",
             share_embeddings_and_output_weights=False,
             pre_process=parallel_state.is_pipeline_first_stage(),

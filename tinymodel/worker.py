@@ -144,16 +144,18 @@ def _world() -> int:
 
 
 def bench(args) -> dict:
-    """Forward+backward step times of the mtp_num_layers=1 model (after 3 warm-up steps)."""
+    """Forward+backward step times, wall and CPU, of the mtp_num_layers=1 model at --hidden on an SFT batch of --seq
+    positions (after 3 warm-up steps)."""
     cpu_runtime.init_distributed(tensor_parallel=_world())
-    model = gpt.build_model(1)
-    batch = gpt.make_sft_batch()
+    model = gpt.build_model(1, hidden=args.hidden, max_seq=args.seq)
+    batch = gpt.make_sft_batch(((args.seq // 2, args.seq // 4), (args.seq - 20, 21), (8, 4)), seq=args.seq)
     times = []
     for _ in range(args.steps + 3):
-        start = time.perf_counter()
+        start = time.perf_counter(), time.process_time()
         gpt.run_step(model, batch, record=False)
-        times.append(time.perf_counter() - start)
-    return {"steps": args.steps, "median_step_s": statistics.median(times[3:])}
+        times.append((time.perf_counter() - start[0], time.process_time() - start[1]))
+    wall, cpu = zip(*times[3:])
+    return {"steps": args.steps, "median_step_s": statistics.median(wall), "median_step_cpu_s": statistics.median(cpu)}
 
 
 def pipeline(args) -> dict:
@@ -191,6 +193,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ranks", type=int, default=1, help="world size")
     parser.add_argument("--out", type=Path, required=True, help="directory for rank<r>.pt")
     parser.add_argument("--steps", type=int, default=30, help="timed steps (bench)")
+    parser.add_argument("--hidden", type=int, default=gpt.HIDDEN, help="the model's hidden size (bench)")
+    parser.add_argument("--seq", type=int, default=gpt.MAX_SEQ, help="the batch's sequence length (bench)")
     parser.add_argument("--function", help="module:name of the function to run (call)")
     parser.add_argument("--arg", help="its one argument, a string (call)")
     return parser

@@ -166,14 +166,15 @@ def report(rank: str | None, pid: int, **counts: int) -> dict:
     return dict(dict.fromkeys(COUNTS, 0), rank=rank, pid=pid, where=None, **counts)
 
 
-TRAINED = dict(calls=4, trained=4, positions=100)
+TRAINED = dict(calls=4, trained=4)
 
 
 def test_data_parallel_ranks_that_differ_only_in_their_data_print_the_job_line_alone():
-    reports = [report(str(rank), 10 + rank, **TRAINED, masked=40 + rank, ones=rank % 2) for rank in range(4)]
+    """How many positions each rank's MTP loss trains against its loss, or leaves unjudged, is its data's."""
+    reports = [report(str(rank), 10 + rank, **TRAINED, against=4, trains=40 + rank, unread=rank) for rank in range(4)]
     text, code = verdict("job", 0, reports)
-    assert (code, text.count("\n")) == (Exit.OK, 0), text
-    assert "(run in 4 rank(s))" in text
+    assert (code, text.count("\n")) == (Exit.UNMASKED, 0), text
+    assert "(run in 4 rank(s)): 16 trained against the contract: the MTP loss trains 166 positions" in text
 
 
 def test_a_rank_unlike_the_others_gets_its_line():
@@ -184,17 +185,36 @@ def test_a_rank_unlike_the_others_gets_its_line():
     assert [line.split(":")[0] for line in text.splitlines()[1:]] == ["  rank 3"], text
 
 
-def test_a_ranks_forks_count_as_the_rank_and_stages_without_the_loss_get_no_line():
-    """Rank 1's data loader worker (a fork: its own pid, its rank's RANK) and rank 0, a pipeline stage without MTP."""
+def test_every_rank_counts_and_a_ranks_forks_count_as_the_rank():
+    """Rank 1's data loader worker (a fork: its own pid, its rank's RANK), rank 0 a pipeline stage without the MTP
+    loss, and a process without a rank that never called it (a launcher)."""
     reports = [report("0", 10), report("1", 11, **TRAINED), report("1", 12), report(None, 9)]
     text, code = verdict("job", 0, reports)
     assert (code, text.count("\n")) == (Exit.OK, 0), text
-    assert "MTP loss calls trained 4, evaluated 0:" in text and "(run in 1 rank(s))" in text
+    assert (
+        "MTP loss calls trained 4, evaluated 0, not reached by a backward 0:" in text and "(run in 2 rank(s))" in text
+    )
 
 
-def test_training_and_evaluation_calls_are_counted_apart():
-    text, _ = verdict("job", 0, [report("0", 10, calls=7, trained=4, positions=10)])
-    assert "MTP loss calls trained 4, evaluated 3:" in text
+def test_training_evaluation_and_forwards_awaiting_their_backward_are_counted_apart():
+    text, _ = verdict("job", 0, [report("0", 10, calls=7, trained=4, evaluated=2)])
+    assert "MTP loss calls trained 4, evaluated 2, not reached by a backward 1:" in text
+
+
+@pytest.mark.parametrize("code", [0, 3, -9])
+def test_a_verdict_stands_however_the_job_ended(code):
+    """The job killed by SIGKILL (-9) after its first trained call: its report of that call decides."""
+    text, exit_code = verdict("job", code, [report("0", 10, **TRAINED, against=1, skips=2)])
+    assert exit_code == Exit.UNMASKED and "the MTP loss skips 2 positions the loss trains" in text, text
+
+
+@pytest.mark.parametrize(
+    "counts", [dict(calls=2, evaluated=2), dict(calls=1), dict(calls=2, trained=2, no_gradient=2)], ids=str
+)
+def test_nothing_judged_is_exit_5_unless_the_job_failed(counts):
+    text, code = verdict("job", 0, [report("0", 10, **counts)])
+    assert code == Exit.FAILED and text.endswith("; no call judged: none was trained with a gradient"), text
+    assert verdict("job", -9, [report("0", 10, **counts)])[1] == 128 + 9
 
 
 TRAINS = {  # a stand-in MTP loss with the arguments core's has, passing the hidden states on as core's does
@@ -208,7 +228,7 @@ def test_a_job_stopped_through_watch_after_masked_steps_prints_its_counts_and_ex
     """Two trained calls with the batch's mask, then SIGTERM to watch alone (as `timeout` sends it)."""
     env = dict(env, **core(tmp_path / "core", TRAINS))
     job = f"import os, time, torch; {IMPORT_GPT} as g; inputs = torch.arange(10)[None]; labels = inputs.roll(-1)\n"
-    job += "for _ in range(2):\n    h = torch.ones(20, 1, requires_grad=True)\n"
+    job += "for _ in range(2):\n    h = torch.ones(10, 1, 4, requires_grad=True)\n"
     job += "    g.process_mtp_loss(h, labels, torch.ones(1, 10), input_ids=inputs).sum().backward()\n"
     job += "open('pid', 'w').write(str(os.getpid())); time.sleep(60)"
     watch = _watching(env, tmp_path, job, "pid")
@@ -216,6 +236,6 @@ def test_a_job_stopped_through_watch_after_masked_steps_prints_its_counts_and_ex
     out, err = watch.communicate(timeout=60)
     assert (watch.returncode, err) == (128 + signal.SIGTERM, "")
     assert out.startswith("mtp-mask-fix watch: ") and out.count("\n") == 1, out
-    counts = "MTP loss calls trained 2, evaluated 0: 0 without loss_mask, 0 without labels, 2 with an all-ones mask"
+    counts = "MTP loss calls trained 2, evaluated 0, not reached by a backward 0: 0 whose loss sent no gradient"
     assert counts in out and out.endswith("; stopped by SIGTERM\n"), out
     assert list((tmp_path / "tmp").iterdir()) == []

@@ -1,6 +1,7 @@
-"""Training loops outside Bridge, right and wrong, each one call of the tiny GPTModel (as Megatron-LM's pretrain_gpt.py
-calls it, or as an RL step does with no labels) and its backward; packed THD sequences call core's MTP loss itself,
-as GPTModel hands it packed_seq_params (the local attention of the CPU model has no THD).
+"""Training loops outside Bridge, right and wrong, each one call of the tiny GPTModel and its backward, written as the
+frameworks write them: Megatron-LM's `loss_func(loss_mask, output_tensor)`, Bridge's `masked_next_token_loss`, and a
+GRPO-style policy loss on the logits of a call without labels (core derives them). Packed THD rows call core's MTP loss
+and LM loss as GPTModel._postprocess does (the local attention of the CPU model has no THD).
 
     python tests/watch/loops.py LOOP [--steps N] [--then exit-3|sleep]
 
@@ -8,9 +9,11 @@ runs LOOP N times, then exits 3 or sleeps (a job to stop) after writing `steps-d
 """
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -21,98 +24,234 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tinymodel import cpu_runtime, gpt  # noqa: E402
 
 
-def _sft(samples=gpt.SFT_SAMPLES) -> dict:
-    """The answer-only SFT batch with each text kept: prompt + answer (its last token EOS, which also pads)."""
-    batch = gpt.make_sft_batch(samples)
-    batch["spans"] = [(prompt, answer) for prompt, answer in samples]
+EOS, PAD = gpt.PAD, 0  # the report's data pads with EOS; other data with a token of its own
+
+
+def _text(rows: int, length: int, vocab: int = gpt.VOCAB - 2, repeat: float = 0.0, seed: int = 1) -> torch.Tensor:
+    """Rows of tokens 2.. (vocab of them), each token the last one again with probability repeat."""
+    gen = torch.Generator().manual_seed(seed)
+    text = torch.randint(2, 2 + vocab, (rows, length), generator=gen)
+    again = torch.rand(rows, length, generator=gen) < repeat
+    for t in range(1, length):
+        text[:, t] = torch.where(again[:, t], text[:, t - 1], text[:, t])
+    return text
+
+
+def pretraining(text: torch.Tensor) -> dict:
+    """Rows cut from a token stream: labels the inputs shifted by one, every position trained."""
+    return {"tokens": text[:, :-1], "labels": text[:, 1:], "mask": torch.ones(text.shape[0], text.shape[1] - 1)}
+
+
+def ending_in_runs(rows: int = 4, run: int = 10, every: bool = True) -> dict:
+    """Pretraining rows whose text ends in a run of one token ("========"): every row, or the first only."""
+    text = _text(rows, 33)
+    text[: rows if every else 1, -run:] = 7
+    return pretraining(text)
+
+
+def sft(samples=((10, 3), (17, 5), (6, 2)), pad: int = EOS, left: bool = False, ending=(), loss="answer") -> dict:
+    """Prompt + answer (its last token EOS) per row, padded to the longest with pad, on the right or the left.
+
+    Args:
+        samples: (prompt tokens, answer tokens) per row.
+        pad: the padding token.
+        left: pad on the left, as prompts are padded for generation.
+        ending: the answer's last tokens, EOS after them.
+        loss: what the loss trains: the "answer" (answer-only SFT) or the "text" (all of it but the padding).
+
+    Returns:
+        tokens and labels (label[t] = token[t + 1]), the loss's mask (label-aligned), each row's (offset, prompt,
+        answer) in the tokens.
+    """
+    gen = torch.Generator().manual_seed(0)
+    width = max(p + a for p, a in samples) - 1
+    batch = {key: torch.full((len(samples), width), pad) for key in ("tokens", "labels")}
+    batch.update(mask=torch.zeros(len(samples), width), spans=[])
+    for row, (prompt, answer) in enumerate(samples):
+        text = torch.randint(2, gpt.VOCAB, (prompt + answer,), generator=gen)
+        text[len(text) - 1 - len(ending) : -1] = torch.tensor(ending, dtype=text.dtype)
+        text[-1] = EOS
+        offset = width - len(text) + 1 if left else 0
+        batch["tokens"][row, offset : offset + len(text) - 1] = text[:-1]
+        batch["labels"][row, offset : offset + len(text) - 1] = text[1:]
+        first = offset + (prompt - 1 if loss == "answer" else 0)
+        batch["mask"][row, first : offset + len(text) - 1] = 1.0
+        batch["spans"].append((offset, prompt, answer))
     return batch
 
 
-def _response_mask(batch: dict, width: int | None = None) -> torch.Tensor:
-    """The answer mask over the inputs, as an RL step has it: the input tokens of each answer, its EOS included."""
-    mask = torch.zeros(len(batch["spans"]), width or batch["loss_mask"].shape[1])
-    for row, (prompt, answer) in enumerate(batch["spans"]):
-        mask[row, prompt : prompt + answer] = 1.0
-    return mask
-
-
-def _pretraining() -> dict:
-    """Rows cut from a token stream: no padding, every position counts; one row ends in a token repeated 5 times."""
-    text = torch.randint(2, gpt.VOCAB, (3, 25), generator=torch.Generator().manual_seed(1))
-    text[0, -5:] = 7  # text, not padding
-    return {"tokens": text[:, :-1], "labels": text[:, 1:], "loss_mask": torch.ones(3, 24)}
-
-
-def _double_shifted() -> dict:
-    """The SFT batch whose labels were shifted once more: label[i] = input[i + 2]."""
-    batch = _sft()
-    batch["labels"] = torch.cat([batch["labels"][:, 1:], torch.full_like(batch["labels"][:, :1], gpt.PAD)], 1)
+def packed(texts: int = 3, tail: int = 5) -> dict:
+    """Texts one after another in one row, BOS..EOS each, then a pad tail the loss masks (pretraining's packing)."""
+    text = torch.cat([torch.cat([torch.tensor([2]), row, torch.tensor([EOS])]) for row in _text(texts, 8)])
+    row = torch.cat([text, torch.full((tail,), PAD)])[None]
+    batch = pretraining(row)
+    batch["mask"][0, len(text) - 1 :] = 0.0
     return batch
 
 
-def _rl() -> dict:
-    """Prompt + answer + EOS padding as input_ids, no labels (core derives them), the response mask over inputs."""
-    batch = _sft()
-    tokens = torch.cat([batch["tokens"], torch.full_like(batch["tokens"][:, :1], gpt.PAD)], 1)  # each text whole
-    return {"tokens": tokens, "labels": None, "loss_mask": _response_mask(batch, tokens.shape[1])}
+def rl(samples=((10, 3), (17, 5), (6, 2)), left: bool = True, advantages=(1.0, 0.0, -1.0)) -> dict:
+    """A rollout batch: prompt + response + EOS as input_ids (left-padded prompts, as generation has them), no labels;
+    the response mask over the inputs and each row's advantage (0 where a group's rewards were equal)."""
+    batch = sft(samples, left=left)
+    tokens = torch.cat([batch["tokens"], batch["labels"][:, -1:]], 1)  # each text whole
+    mask = torch.zeros_like(tokens, dtype=torch.float)
+    for row, (offset, prompt, answer) in enumerate(batch["spans"]):
+        mask[row, offset + prompt : offset + prompt + answer] = 1.0
+    return {"tokens": tokens, "labels": None, "mask": mask, "advantages": torch.tensor(advantages)[:, None]}
 
 
-LOOPS = {  # name: (the batch, what the loop hands the model as loss_mask, the model's mode, backward)
-    "pretraining": (_pretraining, "mask", "train", True),
-    "sft": (_sft, "mask", "train", True),
-    "rl": (_rl, "mask", "train", True),
-    "eval with grad": (_sft, None, "eval", False),
-    "double-shifted labels": (_double_shifted, "mask", "train", True),
-    "input-aligned mask": (_sft, _response_mask, "train", True),
-    "ones over padding": (_sft, lambda batch: torch.ones_like(batch["loss_mask"]), "train", True),
-    "no mask": (_sft, None, "train", True),
-    "eval-mode training": (_sft, None, "eval", True),
+def megatron_lm_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> torch.Tensor:
+    """pretrain_gpt.py's loss_func: the masked sum over the masked count."""
+    losses = output_tensor.view(-1).float()
+    loss_mask = loss_mask.view(-1).float()
+    return torch.sum(losses * loss_mask) / loss_mask.sum()
+
+
+def bridge_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> torch.Tensor:
+    """Megatron-Bridge's own loss function, as its forward_step hands it the batch's mask."""
+    from megatron.bridge.training.losses import masked_next_token_loss
+
+    loss, tokens, _ = masked_next_token_loss(loss_mask, output_tensor)
+    return loss / tokens
+
+
+def grpo_loss(batch: dict, logits: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
+    """A GRPO-style clipped policy loss on the response tokens (the old policy's log-probabilities off by 0.5 on
+    every other token, so that clipping zeroes their gradient)."""
+    tokens, mask = batch["tokens"], batch["mask"][:, 1:]  # logits at t score token t + 1
+    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
+    old = logp.detach() - 0.5 * (torch.arange(logp.shape[1]) % 2)
+    ratio, advantages = torch.exp(logp - old), batch["advantages"]
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    return -(surrogate * mask).sum() / mask.sum()
+
+
+@dataclasses.dataclass(frozen=True)
+class Loop:
+    """A training loop: its batch, what it hands the model as loss_mask, its loss, and how it steps."""
+
+    batch: Callable[[], dict]
+    mtp_mask: Callable[[dict], torch.Tensor | None] = lambda batch: batch["mask"]
+    loss: Callable[[dict, torch.Tensor], torch.Tensor] = lambda batch, out: megatron_lm_loss(batch["mask"], out)
+    train: bool = True
+    backward: bool = True
+    scale: float = 1.0  # the loss scale: 0 for a skipped micro-batch
+    layers: int = 1
+
+
+def shifted(batch: dict, by: int) -> dict:
+    """The batch with labels the inputs shifted by `by` (0: the inputs themselves; 2: shifted once more)."""
+    text = torch.cat([batch["tokens"], batch["labels"][:, -1:]], 1)
+    text = torch.cat([text, torch.full_like(text[:, :1], PAD)], 1)
+    return dict(batch, labels=text[:, by : by + batch["tokens"].shape[1]])
+
+
+def input_aligned(batch: dict) -> torch.Tensor:
+    """The mask over the inputs: the label-aligned mask one position late (an input-aligned mask handed with labels)."""
+    return torch.cat([torch.zeros_like(batch["mask"][:, :1]), batch["mask"][:, :-1]], 1)
+
+
+def label_aligned(batch: dict) -> torch.Tensor:
+    """The response mask one position early: a label-aligned mask handed without labels."""
+    return torch.cat([batch["mask"][:, 1:], torch.zeros_like(batch["mask"][:, :1])], 1)
+
+
+ONES = lambda batch: torch.ones_like(batch["mask"])  # noqa: E731
+BRIDGE = lambda batch, out: bridge_loss(batch["mask"], out)  # noqa: E731
+RIGHT = {
+    "pretraining": Loop(lambda: pretraining(_text(3, 25))),
+    "text ending in runs": Loop(ending_in_runs),
+    "one row ending in a run": Loop(lambda: ending_in_runs(every=False)),
+    "a run of exactly 8": Loop(lambda: ending_in_runs(run=8)),
+    "3-token vocabulary": Loop(lambda: pretraining(_text(16, 33, vocab=3))),
+    "3-token vocabulary, repeating 0.6": Loop(lambda: pretraining(_text(16, 33, vocab=3, repeat=0.6))),
+    "3-token vocabulary, repeating 0.95": Loop(lambda: pretraining(_text(16, 33, vocab=3, repeat=0.95))),
+    "sft": Loop(sft, loss=BRIDGE),
+    "answers ending EOS EOS": Loop(lambda: sft(ending=(EOS,)), loss=BRIDGE),
+    "left-padded sft": Loop(lambda: sft(left=True)),
+    "packed rows, pad tail masked": Loop(packed),
+    "2 MTP layers": Loop(sft, layers=2),
+    "rl": Loop(rl, loss=grpo_loss),
 }
+UNJUDGED = {  # calls whose loss sends no gradient, or that no backward reaches: each would be wrong if it were judged
+    "rl, every advantage zero": Loop(
+        lambda: rl(advantages=(0.0, 0.0, 0.0)), mtp_mask=lambda batch: None, loss=grpo_loss
+    ),
+    "a zero loss scale": Loop(sft, mtp_mask=lambda batch: None, scale=0.0),
+    "eval with grad": Loop(sft, mtp_mask=lambda batch: None, train=False, backward=False),
+}
+WRONG = {
+    "no mask": Loop(sft, mtp_mask=lambda batch: None),
+    "eval-mode training": Loop(sft, mtp_mask=lambda batch: None, train=False),
+    "ones over the prompt": Loop(lambda: sft(((10, 3), (10, 3))), mtp_mask=ONES),
+    "ones over padding": Loop(lambda: sft(loss="text"), mtp_mask=ONES),
+    "ones over padding, pad not EOS": Loop(lambda: sft(pad=PAD, loss="text"), mtp_mask=ONES),
+    "ones over left padding": Loop(lambda: sft(left=True, loss="text"), mtp_mask=ONES),
+    "input-aligned mask": Loop(sft, mtp_mask=input_aligned),
+    "mask shifted twice": Loop(sft, mtp_mask=lambda batch: label_aligned(batch)),
+    "labels shifted by 0": Loop(lambda: shifted(sft(), 0)),
+    "double-shifted labels": Loop(lambda: shifted(sft(), 2)),
+    "rl, no mask": Loop(rl, mtp_mask=lambda batch: None, loss=grpo_loss),
+    "rl, label-aligned mask": Loop(rl, mtp_mask=label_aligned, loss=grpo_loss),
+}
+LOOPS = {**RIGHT, **UNJUDGED, **WRONG}
 
 
-def build_model():
-    """The one-MTP-layer tiny model on a one-rank world."""
+def build_model(layers: int = 1):
+    """The tiny model with `layers` MTP layers on a one-rank world."""
     cpu_runtime.init_distributed()
-    return gpt.build_model(1)
+    return gpt.build_model(layers)
 
 
-def run(model, loop: str) -> torch.Tensor:
-    """One call of LOOP's model and its backward, if it has one; what the loop would back-propagate."""
-    make, mask, mode, backward = LOOPS[loop]
-    batch = make()
-    mask = batch["loss_mask"] if mask == "mask" else mask(batch) if callable(mask) else None
+def run(model, loop: str | Loop, batch: dict | None = None) -> torch.Tensor:
+    """One call of the loop's model and its backward, if it has one; the loss it back-propagates."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    loop = LOOPS[loop] if isinstance(loop, str) else loop
+    batch = batch or loop.batch()
     tokens = batch["tokens"]
     position_ids = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
     attention_mask = torch.ones(1, 1, tokens.shape[1], tokens.shape[1], dtype=torch.bool).triu(diagonal=1)
-    model.train(mode == "train")
+    model.train(loop.train)
     model.zero_grad(set_to_none=True)
+    MTPLossLoggingHelper.tracker.clear()  # as a loop's logging empties it each step; a model of another depth too
     with cpu_runtime.CudaAsCpu():
-        out = model(tokens, position_ids, attention_mask, labels=batch["labels"], loss_mask=mask)
-    loss = out.float().sum()
-    if backward:
-        loss.backward()
+        out = model(tokens, position_ids, attention_mask, labels=batch["labels"], loss_mask=loop.mtp_mask(batch))
+    loss = loop.loss(batch, out)
+    if loop.backward:
+        (loss * loop.scale).backward()
     return loss
 
 
-def run_packed(model) -> torch.Tensor:
-    """Core's MTP loss on the three SFT texts packed into one row (THD), with their cu_seqlens, then its backward."""
+def run_packed(model, tail: int = 5, mtp_mask=None) -> torch.Tensor:
+    """Three texts packed into one row (THD, with their cu_seqlens) and a pad tail the loss masks: core's MTP loss,
+    then its LM loss on the hidden states it returns, as GPTModel._postprocess calls them, and the masked mean."""
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.multi_token_prediction import process_mtp_loss
 
-    batch, texts = _sft(), []
-    for row, (prompt, answer) in enumerate(batch["spans"]):
-        texts.append({key: batch[key][row, : prompt + answer - 1] for key in ("tokens", "labels", "loss_mask")})
-    packed = {key: torch.cat([text[key] for text in texts])[None] for key in texts[0]}
-    bounds = torch.tensor([0, *torch.tensor([len(t["tokens"]) for t in texts]).cumsum(0).tolist()], dtype=torch.int32)
-    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds)
-    width = packed["tokens"].shape[1]
-    hidden = torch.randn(2 * width, 1, gpt.HIDDEN, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    lengths = torch.tensor([9, 12, 7, tail])  # the tail is a sequence of its own, as packers pad
+    text = torch.cat(
+        [
+            torch.cat([torch.tensor([2]), row[: n - 2], torch.tensor([EOS])])
+            for row, n in zip(_text(3, 12), lengths[:3])
+        ]
+    )
+    text = torch.cat([text, torch.full((tail + 1,), PAD)])
+    cu = torch.cat([torch.zeros(1), lengths.cumsum(0)]).int()
+    tokens, labels = text[:-1][None], text[1:][None]
+    mask = torch.ones_like(tokens, dtype=torch.float)
+    mask[0, -tail:] = 0.0
+    for end in cu[1:-1]:
+        mask[0, end - 1] = 0.0  # a text's last label is the next text's first token: not trained
+    params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu)
+    width = tokens.shape[1]
+    hidden = torch.randn((1 + model.config.mtp_num_layers) * width, 1, gpt.HIDDEN, requires_grad=True)
     model.train()
     with cpu_runtime.CudaAsCpu():
         out = process_mtp_loss(
             hidden_states=hidden,
-            labels=packed["labels"],
-            loss_mask=packed["loss_mask"],
+            labels=labels,
+            loss_mask=mask if mtp_mask is None else mtp_mask,
             output_layer=model.output_layer,
             output_weight=None,
             runtime_gather_output=None,
@@ -120,9 +259,10 @@ def run_packed(model) -> torch.Tensor:
             compute_language_model_loss=model.compute_language_model_loss,
             config=model.config,
             packed_seq_params=params,
-            input_ids=packed["tokens"],
+            input_ids=tokens,
         )
-    loss = out.sum()
+        logits, _ = model.output_layer(out)
+        loss = megatron_lm_loss(mask, model.compute_language_model_loss(labels, logits))
     loss.backward()
     return loss
 
@@ -135,7 +275,7 @@ def main() -> None:
     parser.add_argument("--then", choices=("exit-3", "sleep"))
     args = parser.parse_args()
     torch.set_num_threads(1)
-    model = build_model()
+    model = build_model(LOOPS[args.loop].layers)
     print(f"{args.loop}: {args.steps} step(s)")  # after core's own output, which flushes
     for step in range(args.steps):
         print(f"step {step}: loss {float(run(model, args.loop)):.4f}")

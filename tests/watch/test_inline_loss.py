@@ -8,19 +8,35 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from maintain.repo import REPO
 from mtp_mask_fix.errors import Exit
+from tests.watch import loops
 
 
 pytestmark = pytest.mark.slow
 
-LOOPS = {  # loop: watch's exit code, what its line says
-    "sft": (Exit.OK, "MTP loss calls trained 1, evaluated 0: 0 without loss_mask"),
-    "input-aligned mask": (Exit.UNMASKED, "1 with a mask that counts padding (2 positions)"),
-    "double-shifted labels": (Exit.UNMASKED, "1 with labels the inputs shifted by 2, not 1"),
-    "eval-mode training": (Exit.UNMASKED, "1 without a loss_mask"),
+LOOPS = {  # loop: watch's exit code
+    "left-padded sft": Exit.OK,
+    "input-aligned mask": Exit.UNMASKED,
+    "double-shifted labels": Exit.UNMASKED,
+    "eval-mode training": Exit.UNMASKED,
 }
+
+
+def said(name: str) -> str:
+    """What watch's line says of a loop whose loss is the masked mean of its batch's mask: from the batch alone."""
+    batch = loops.LOOPS[name].batch()
+    mask, trained = loops.LOOPS[name].mtp_mask(batch), batch["mask"][:, 1:] != 0
+    counted = torch.ones_like(trained) if mask is None else mask[:, 1:] != 0
+    trains, skips = int((counted & ~trained).sum()), int((trained & ~counted).sum())
+    words = ["1 without a loss_mask"] * (mask is None) + [
+        f"the MTP loss trains {trains} positions the loss masks"
+    ] * bool(trains)
+    words += [f"the MTP loss skips {skips} positions the loss trains"] * bool(skips)
+    words += ["1 with labels the inputs shifted by 2, not 1"] * (name == "double-shifted labels")
+    return "; ".join(words) or "MTP loss calls trained 1, evaluated 0, not reached by a backward 0: 0 whose loss sent"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +65,7 @@ def jobs(tmp_path_factory):
 @pytest.mark.parametrize("loop", LOOPS)
 def test_the_inline_loss_is_judged_as_process_mtp_loss(jobs, loop):
     out, err = jobs[loop].communicate(timeout=600)
-    code, words = LOOPS[loop]
+    code, words = LOOPS[loop], said(loop)
     lines = [line for line in out.splitlines() if line.startswith("mtp-mask-fix watch:")]
     assert (jobs[loop].returncode, len(lines)) == (code, 1), err[-3000:]
     assert words in lines[0]

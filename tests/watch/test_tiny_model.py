@@ -5,10 +5,10 @@ runs it (`python -m tinymodel.worker`, whose ranks fork from a fresh process, or
   every gradient are bit-identical to this session's unwatched step; on the release as shipped, PP2 reports each
   rank, and --strict stops at the first call, naming Bridge's call of the model;
 - torchrun, two ranks calling the model themselves: Megatron-LM's way (labels, loss_mask) is silent, a label-less
-  call (core derives the labels from input_ids) is reported; two data-parallel ranks that differ only in their data
-  print the job's line alone;
-- a loop of tests/watch/loops.py stopped through watch, or ending with exit 3, still has its counts printed, and
-  --strict keeps what the job printed before it stopped the job.
+  call (core derives the labels from input_ids) without a mask is reported; two data-parallel ranks that differ only
+  in their data print the job's line alone;
+- a loop of tests/watch/loops.py stopped through watch, killed with SIGKILL after its first trained call, or ending
+  with exit 3, still has its verdict printed, and --strict keeps what the job printed before it stopped the job.
 
 Every expected count comes from the batches; a watch that reports nothing fails each case. Only the jobs of the
 selected tests start; the multi-rank ones are in `./run test --all`. Each job's processes
@@ -31,6 +31,7 @@ import torch
 from maintain.repo import REPO, VIEW, pins, release
 from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.paths import GPT_STEP
+from tests.watch import loops
 from tinymodel import cpu_runtime, gpt, pipeline
 from tinymodel.reference import changed_grads
 from tinymodel.worker import Launch
@@ -53,12 +54,13 @@ JOBS = {  # name: (watch's options, the command: a worker run of its tree, or on
     "data-parallel": ((), [*TORCHRUN, RANKS, "data-parallel"]),
     "SIGINT": ((), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
     "SIGTERM": ((), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
+    "SIGKILL": ((), [*LOOPS, "no mask", "--steps", "1", "--then", "sleep"]),
     "exit 3": ((), [*LOOPS, "sft", "--steps", "2", "--then", "exit-3"]),
     "strict, stdout to a file": (("--strict",), [*LOOPS, "no mask"]),
 }
 COUNTS = re.compile(
-    r"MTP loss calls trained (\d+), evaluated (\d+): (\d+) without loss_mask, (\d+) without labels, "
-    r"(\d+) with an all-ones mask; ([\d.]+)% of positions masked"
+    r"MTP loss calls trained (\d+), evaluated (\d+), not reached by a backward (\d+): (\d+) whose loss sent no "
+    r"gradient \(not judged\), (\d+) without labels"
 )
 
 
@@ -91,9 +93,8 @@ def jobs(tmp_path_factory, request):
 
 @dataclass
 class Watched:
-    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (trained, evaluated, without loss_mask,
-    without labels, with an all-ones mask, % masked)}, the job's line, watch's folders left in TMPDIR, the job's
-    folder."""
+    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (trained, evaluated, not reached by a backward,
+    without a gradient, without labels)}, the job's line, watch's folders left in TMPDIR, the job's folder."""
 
     code: int
     report: dict[str, tuple]
@@ -110,11 +111,14 @@ class Watched:
 def watched(jobs, request) -> Watched:
     """The job the test's parameter names, once it has ended."""
     folder, job = jobs[request.param]
-    if request.param in ("SIGINT", "SIGTERM"):  # stopped as a user stops it, once its steps have run
-        while not (folder / "steps-done").exists():
+    if request.param in ("SIGINT", "SIGTERM", "SIGKILL"):  # stopped as a user stops it, once its steps have run
+        while not (folder / "steps-done").exists() or not (folder / "steps-done").read_text():
             assert job.poll() is None, (folder / "stderr").read_text()[-3000:]
             time.sleep(0.1)
-        os.kill(job.pid, signal.Signals[request.param])
+        if request.param == "SIGKILL":  # the job's process, as the OOM killer ends it: watch sees it die
+            os.kill(int((folder / "steps-done").read_text()), signal.SIGKILL)
+        else:
+            os.kill(job.pid, signal.Signals[request.param])
     code = job.wait(timeout=600)
     lines = (folder / "stdout").read_text().splitlines()  # the job's own output comes first: the stream is shared
     lines = lines[max((i for i, line in enumerate(lines) if line.startswith("mtp-mask-fix watch:")), default=0) :]
@@ -122,18 +126,18 @@ def watched(jobs, request) -> Watched:
     for line in lines:
         if counts := COUNTS.search(line):
             who = "job" if line.startswith("mtp-mask-fix watch:") else line.split(":")[0].strip()
-            report[who] = (*map(int, counts.groups()[:5]), float(counts.group(6)))
+            report[who] = tuple(map(int, counts.groups()))
     left = list((folder / "tmp").glob("mtp-mask-fix-*"))  # the job's own files may stay (torch's caches)
     return Watched(code, report, lines[0] if lines else "", left, folder)
 
 
-def masked(*masks: torch.Tensor) -> float:
-    """The share of the label positions that these masks mask, in %, as watch prints it."""
-    flat = torch.cat([mask.flatten() for mask in masks])
-    return round(100 * float((flat == 0).sum()) / flat.numel(), 1)
+def trains(*masks: torch.Tensor) -> str:
+    """What watch says of calls without a mask whose loss masks these masks' zeros: each label from the second on."""
+    return f"the MTP loss trains {sum(int((mask == 0)[:, 1:].sum()) for mask in masks)} positions the loss masks"
 
 
 MASK = gpt.make_sft_batch()["loss_mask"]
+UNMASKED = "trained against the contract: {} without a loss_mask (core's MTP loss then counts every position); "
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +155,9 @@ def unwatched_step():
 
 @pytest.mark.parametrize("watched", ["view"], indirect=True)
 def test_bridge_patched_is_silent_and_the_step_bit_identical(watched, unwatched_step):
-    silent = (Exit.OK, {"job": (1, 0, 0, 0, 0, masked(MASK))}, [])  # one call, its mask: no line of a rank
+    silent = (Exit.OK, {"job": (1, 0, 0, 0, 0)}, [])  # one call, trained with its mask: no line of a rank
     assert (watched.code, watched.report, watched.left) == silent, watched.log
+    assert "against the contract" not in watched.head and "; not judged:" not in watched.head
     step = torch.load(watched.folder / OUT / "rank0.pt", weights_only=False)["step"]
     assert (step.lm_loss, step.mtp_losses, step.grad_norm) == (
         unwatched_step.lm_loss,
@@ -166,10 +171,10 @@ def test_bridge_patched_is_silent_and_the_step_bit_identical(watched, unwatched_
 @pytest.mark.parametrize("watched", ["pp2"], indirect=True)
 def test_bridge_unpatched_on_pp2_reports_the_last_stages_calls(watched):
     """--steps 3: rank 1 (the last stage, MTP) counts 3 of its calls (the step's micro-batches, then the perturbed
-    copy's), each trained, and the job runs to its end; rank 0 runs none, which is no line of its own."""
-    unmasked = (Exit.UNMASKED, {"job": (3, 0, 3, 0, 0, 0.0)}, [])
-    assert (watched.code, watched.report, watched.left) == unmasked, watched.log
-    assert "3 trained against the contract: 3 without a loss_mask" in watched.head
+    copy's first), each trained, and the job runs to its end; rank 0 runs none, which is no line of its own."""
+    first, second = (batch["loss_mask"] for batch in pipeline.micro_batches())
+    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (3, 0, 0, 0, 0)}, []), watched.log
+    assert "(run in 2 rank(s)): 3 " + UNMASKED.format(3) + trains(first, second, first) in watched.head
     assert sorted(p.name for p in (watched.folder / OUT).glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
 
 
@@ -177,14 +182,14 @@ def test_bridge_unpatched_on_pp2_reports_the_last_stages_calls(watched):
 @pytest.mark.parametrize("watched", ["pp2 patched"], indirect=True)
 def test_bridge_patched_on_pp2_is_silent(watched):
     """Both steps' two micro-batches, each trained with its mask on the last stage."""
-    masks = [batch["loss_mask"] for batch in pipeline.micro_batches()]
-    assert (watched.code, watched.report, watched.left) == (Exit.OK, {"job": (4, 0, 0, 0, 0, masked(*masks))}, [])
+    assert (watched.code, watched.report, watched.left) == (Exit.OK, {"job": (4, 0, 0, 0, 0)}, []), watched.log
+    assert "(run in 2 rank(s))" in watched.head and "against the contract" not in watched.head
 
 
 @pytest.mark.parametrize("watched", ["strict"], indirect=True)
 def test_bridge_unpatched_strict_stops_at_the_forward_steps_call(watched):
-    stopped = (Exit.UNMASKED, {"job": (1, 0, 1, 0, 0, 0.0)}, [])
-    assert (watched.code, watched.report, watched.left) == stopped, watched.log
+    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (1, 0, 0, 0, 0)}, []), watched.log
+    assert "1 " + UNMASKED.format(1) + trains(MASK) in watched.head
     where = re.search(r"stopped \(--strict\) at (.+):(\d+) in (\w+)$", watched.head)
     assert where, watched.head
     assert (where[1], where[3]) == (str(RELEASE / GPT_STEP), "_forward_step_common")
@@ -192,9 +197,10 @@ def test_bridge_unpatched_strict_stops_at_the_forward_steps_call(watched):
     assert not (watched.folder / OUT / "rank0.pt").exists()  # stopped before the step ended
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["strict, stdout to a file"], indirect=True)
 def test_strict_keeps_what_the_job_printed(watched):
-    assert (watched.code, watched.report["job"]) == (Exit.UNMASKED, (1, 0, 1, 0, 0, 0.0)), watched.log
+    assert (watched.code, watched.report["job"]) == (Exit.UNMASKED, (1, 0, 0, 0, 0)), watched.log
     job = (watched.folder / "stdout").read_text().splitlines()
     assert job[0] == "no mask: 1 step(s)"  # printed before the stop, buffered: a file is no terminal
     assert re.search(r"stopped \(--strict\) at .+loops\.py:\d+ in run$", watched.head), watched.head
@@ -203,35 +209,34 @@ def test_strict_keeps_what_the_job_printed(watched):
 @pytest.mark.slow
 @pytest.mark.parametrize("watched", ["torchrun"], indirect=True)
 def test_torchrun_ranks_megatron_lm_call_silent_label_less_call_reported(watched):
-    ranks = {
-        "job": (2, 0, 1, 1, 0, masked(MASK, torch.ones_like(MASK))),  # every position of rank 1's call counts
-        "rank 0": (1, 0, 0, 0, 0, masked(MASK)),
-        "rank 1": (1, 0, 1, 1, 0, 0.0),
-    }
+    ranks = {"job": (2, 0, 0, 0, 1), "rank 0": (1, 0, 0, 0, 0), "rank 1": (1, 0, 0, 0, 1)}
     assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, ranks, []), watched.log
-    assert "1 trained against the contract: 1 without a loss_mask" in watched.head
+    assert "(run in 2 rank(s)): 1 trained against the contract: 1 without a loss_mask" in watched.head
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("watched", ["data-parallel"], indirect=True)
 def test_torchrun_data_parallel_ranks_print_the_job_line_alone(watched):
-    """Their masks mask different shares of their positions: that is data, not a difference in how they train."""
-    other = gpt.make_sft_batch(((8, 4), (17, 5), (6, 3)), seed=1)["loss_mask"]
-    assert masked(MASK) != masked(other)
-    silent = (Exit.OK, {"job": (2, 0, 0, 0, 0, masked(MASK, other))}, [])
+    """Their batches differ (one padded on the right, one on the left): that is data, not a difference in training."""
+    silent = (Exit.OK, {"job": (2, 0, 0, 0, 0)}, [])
     assert (watched.code, watched.report, watched.left) == silent, watched.log
 
 
-@pytest.mark.parametrize("watched", ["SIGINT", "SIGTERM"], indirect=True)
-def test_a_job_stopped_through_watch_keeps_its_verdict(watched, request):
-    """Two unmasked steps, then a signal to watch: it passes it on once, and prints what the job reported."""
-    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (2, 0, 2, 0, 0, 0.0)}, [])
-    assert "2 trained against the contract: 2 without a loss_mask" in watched.head
-    assert watched.head.endswith(f"; stopped by {request.node.callspec.params['watched']}")
+@pytest.mark.slow
+@pytest.mark.parametrize("watched", ["SIGINT", "SIGTERM", "SIGKILL"], indirect=True)
+def test_a_job_stopped_keeps_its_verdict(watched, request):
+    """Unmasked steps, then a signal to watch (it passes it on once, and prints what the job reported), or SIGKILL to
+    the job's process after its first trained call: its report of that call stands."""
+    sig, steps = request.node.callspec.params["watched"], 2 - (request.node.callspec.params["watched"] == "SIGKILL")
+    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (steps, 0, 0, 0, 0)}, [])
+    assert f"{steps} " + UNMASKED.format(steps) + trains(*[loops.sft()["mask"]] * steps) in watched.head
+    ending = f"was killed by {sig}" if sig == "SIGKILL" else f"stopped by {sig}"
+    assert watched.head.endswith(ending), watched.head
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["exit 3"], indirect=True)
 def test_a_job_that_fails_after_masked_steps_prints_its_counts(watched):
-    assert (watched.code, watched.report, watched.left) == (3, {"job": (2, 0, 0, 0, 0, masked(MASK, MASK))}, [])
+    assert (watched.code, watched.report, watched.left) == (3, {"job": (2, 0, 0, 0, 0)}, [])
     assert watched.head.endswith(f"; {sys.executable} ended with exit code 3"), watched.head
     assert "against the contract" not in watched.head
