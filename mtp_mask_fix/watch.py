@@ -15,7 +15,10 @@ from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS
 
 
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
-UNREAD = "no labels, a row without gradient, or a loss that weighs positions unequally"
+UNREAD = (
+    "positions the MTP loss counts where a zero gradient need not be a mask (no labels, a row without gradient, or a \
+loss that weighs positions unequally)"
+)
 
 
 def watch(args) -> tuple[str, Exit]:
@@ -83,32 +86,25 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     ranked = [who for who in ranks if isinstance(who, int)]  # every rank, with the MTP loss (its last stage) or not
     run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
     head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
+    nothing = total["trained"] == total["no_gradient"]  # no call judged
     if total["unread"]:
-        head += (
-            f"; not judged: {total['unread']} positions the MTP loss counts where a zero gradient need not be a mask"
-        )
-        head += f" ({UNREAD})"
+        head += f"; not judged: {total['unread']} {UNREAD}"
     if strict := next((r["where"] for r in reports if r["where"]), None):
         head += f"; stopped (--strict) at {strict}"  # the job's code is then the stop's
     elif stopped:
         head += f"; stopped by {stopped.name}"
     elif code:
         head += f"; {name} {ended}"
-    elif total["trained"] == total["no_gradient"]:
+    elif nothing:
         head += "; no call judged: none was trained with a gradient"
-    otherwise = stopped.code if stopped else 128 - code if code < 0 else code
-    if not otherwise and total["trained"] == total["no_gradient"]:
-        otherwise = Exit.FAILED
+    otherwise = stopped.code if stopped else 128 - code if code < 0 else code or Exit.FAILED * nothing
     return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
 
 def _shape(c: dict) -> tuple:
     """What is judged of a rank's calls, not its data: the calls' counts, and which findings it has."""
-    return (*(c[key] for key in ("trained", "evaluated", "no_labels", "against", "no_mask")), *map(bool, _findings(c)))
-
-
-def _findings(c: dict) -> list[int]:
-    return [c["trains"], c["skips"], *(c[f"shift {k}"] for k in SHIFTS[1:])]
+    found = (c["trains"], c["skips"], *(c[f"shift {k}"] for k in SHIFTS[1:]))
+    return (*(c[key] for key in ("trained", "evaluated", "no_labels", "against", "no_mask")), *map(bool, found))
 
 
 def _counts(c: dict) -> str:

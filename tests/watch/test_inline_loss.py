@@ -31,7 +31,7 @@ def said(name: str) -> str:
     mask, trained = loops.LOOPS[name].mtp_mask(batch), batch["mask"][:, 1:] != 0
     counted = torch.ones_like(trained) if mask is None else mask[:, 1:] != 0
     trains, skips = int((counted & ~trained).sum()), int((trained & ~counted).sum())
-    words = ["1 without a loss_mask"] * (mask is None) + [
+    words = ["1 without a loss_mask (core's MTP loss then counts every position)"] * (mask is None) + [
         f"the MTP loss trains {trains} positions the loss masks"
     ] * bool(trains)
     words += [f"the MTP loss skips {skips} positions the loss trains"] * bool(skips)
