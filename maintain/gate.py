@@ -15,12 +15,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from maintain import upstreams
 from maintain.envs import stage_core, uv
 from maintain.redgreen import Job, Outcome, Run, problems, run_many
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
-from maintain.upstreams import BRIDGE, MEGATRON_LM, Upstream, upstream_of
+from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
@@ -116,7 +115,7 @@ def _lint(patch: Patch, tree: Path) -> list[str]:
 def megatron_lm_rows(checkout: Target) -> list[Row]:
     """Each Megatron-LM patch on its base-commit, and each megatron-core release in lines.toml: its sdist's source with
     the tests of its patch's base-commit, the patch's context read from there as `git apply -C1` does."""
-    patches = {path.stem: upstreams.load(path) for path in sorted(upstreams.MEGATRON_LM_PATCHES.glob("*.patch"))}
+    patches = {path.stem: load(path) for path in sorted(MEGATRON_LM_PATCHES.glob("*.patch"))}
     releases = tomllib.loads(LINES_TOML.read_text())["megatron-core"]
     trees, rows = [(p, None) for p in patches.values()] + [(patches[r["patch"]], v) for v, r in releases.items()], []
     for patch, version in trees:
@@ -256,8 +255,7 @@ def gate(targets: list[Target], patches: list[Patch], python: str = sys.executab
     for row in rows:
         lines += [f"{row.target.label:<{width}}  {row.red:>13}  {row.green:>14}  {row.verdict.value[0]}"]
         lines += [f"    {note}" for note in row.notes]
-        if row.unjudged:
-            lines.append(f"    not judged: {row.unjudged} other tests, which do not pass on the base here")
+        lines += [f"    not judged: {row.unjudged} other tests, which do not pass here unpatched"] * bool(row.unjudged)
     lines += [f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s"]
     return "\n".join(lines), max(row.verdict.value[1] for row in rows)  # exit codes grow with severity
 
