@@ -230,11 +230,11 @@ def stage_torch() -> None:
         _pip(*get, "--index-url", TORCH_INDEX, failure=f"{torch}: not downloadable")
 
 
-def stage_core(version: str) -> None:
+def stage_core(version: str) -> Path:
     """megatron-core's sdist `version` into .work/dists from PyPI, its sha256 checked, written whole or not at all."""
     sdist = DISTS / f"megatron_core-{version}.tar.gz"
     if sdist.is_file():
-        return
+        return sdist
     request = urllib.request.Request(CORE_INDEX, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     try:
         with urllib.request.urlopen(request, timeout=60) as page:
@@ -251,6 +251,7 @@ def stage_core(version: str) -> None:
     with tempfile.TemporaryDirectory(dir=DISTS, prefix=f".{sdist.name}.") as tmp:
         Path(tmp, sdist.name).write_bytes(data)
         Path(tmp, sdist.name).rename(sdist)
+    return sdist
 
 
 def sync(folder: Path, *flags: str) -> Path:

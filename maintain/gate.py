@@ -1,20 +1,25 @@
 """`./run gate`: each target's state, then red/green on its base, patched and leave-one-source-hunk-out trees; a verdict
 table, non-zero unless the patch holds. A release runs this repo's tests/unit_tests; an upstream checkout, SWE-bench style,
-upstream's test files that the patch changes (its base tree gets the patch's test part, its patched tree all)."""
+upstream's test files that the patch changes (its base tree gets the patch's test part, its patched tree all); so too
+each Megatron-LM patch on its base-commit and each megatron-core release in lines.toml (--megatron-lm)."""
 
 import ast
 import hashlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from maintain.envs import stage_core, uv
 from maintain.redgreen import Job, Outcome, Run, problems, run_many
-from maintain.repo import REPO, WORK, checkout, pins, release
+from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
+from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
@@ -47,6 +52,7 @@ class Row:
     notes: list[str] = field(default_factory=list)
     red: str = "-"
     green: str = "-"
+    unjudged: int = 0  # tests that do not pass on the base here either, where the upstream allows it
 
 
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
@@ -57,8 +63,11 @@ def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str,
     for name, hunk in [("patched", None)] + [(f"without-{i}", h) for i, h in enumerate(_source_hunks(patch), 1)]:
         left = patch.part(src=True, leave_out=hunk)  # no source hunk left: the base tree
         trees.append(materialise(root, work / name, patch, src=src, leave_out=hunk, strip=strip) if left else trees[0])
-    base, patched, *without = [Job(tests, tree / "src", cwd=tree) if checkout else Job(tests, tree) for tree in trees]
-    return Row(target, patch, base, patched, without)
+    up = upstream_of(patch)
+    jobs = [
+        Job((*tests, *up.options), tree / "src", tree, up.module) if checkout else Job(tests, tree) for tree in trees
+    ]
+    return Row(target, patch, *jobs[:2], jobs[2:])
 
 
 def _source_hunks(patch: Patch) -> list[tuple[str, int]]:
@@ -70,26 +79,84 @@ def release_row(target: Target, patch: Patch) -> Row:
     return _row(target, patch, target.root, WORK / "gate" / target.root.name, ("tests/unit_tests",))
 
 
-def at(target: Target, rev: str = "HEAD") -> Target:
-    """A checkout at `rev` as a tree of its own (src, tests, the configs they read): gate never reads a work tree."""
-    key = hashlib.sha1(str(target.root).encode()).hexdigest()[:8]  # two checkouts may share a folder name
+def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: Path | None = None) -> Target:
+    """A checkout at `rev` as a tree of its own (src, tests, their configs; the code of a release's sdist `source`)."""
+    key = hashlib.sha1(f"{target.root} {rev} {source}".encode()).hexdigest()[:8]  # folder names may be shared
     work = WORK / "gate" / f"checkout-{target.root.name}-{key}"
     shutil.rmtree(work / "upstream", ignore_errors=True)
-    (work / "upstream").mkdir(parents=True)
-    present = set(git("ls-tree", "--name-only", rev, cwd=target.root).stdout.split())
-    paths = [path for path in ("src", "tests", "pyproject.toml", "ruff.toml") if path in present]
+    (work / "upstream" / "src").mkdir(parents=True)
+    listed = git("ls-tree", "-r", "--name-only", rev, *upstream.top, cwd=target.root).stdout.split()
+    paths = [path for path in upstream.top if any(f"{name}/".startswith(f"{path}/") for name in listed)]
     git("archive", "-o", str(work / "upstream.tar"), rev, *paths, cwd=target.root)
     shutil.unpack_archive(work / "upstream.tar", work / "upstream")
+    if source:  # an sdist: its one folder holds upstream.sources
+        shutil.unpack_archive(source, work / "upstream" / "src")
+        (sdist,) = (work / "upstream" / "src").iterdir()
+        (sdist / upstream.sources).rename(sdist.parent / upstream.sources)
+    elif upstream.sources:
+        git("archive", "-o", str(work / "src.tar"), rev, upstream.sources, cwd=target.root)
+        shutil.unpack_archive(work / "src.tar", work / "upstream" / "src")
     return Target(target.label, work / "upstream", Kind.TREE)
 
 
 def checkout_row(target: Target, patch: Patch, rev: str = "HEAD", upstream: Path | None = None) -> Row:
     """Upstream at `rev` (`at`'s tree, or `upstream`) with the patch's test part, all of it, each source hunk out."""
-    upstream = upstream or at(target, rev).root
+    upstream = upstream or at(target, rev, upstream_of(patch)).root
     row = _row(target, patch, upstream, upstream.parent, tuple(patch.test_files()))
     row.touched = touched_tests(patch.test_files(), upstream, row.patched.cwd)
-    row.notes = lint(row.patched.cwd, patch.paths())
+    row.notes = _lint(patch, row.patched.cwd)
     return row
+
+
+def _lint(patch: Patch, tree: Path) -> list[str]:
+    return (lint if upstream_of(patch) == BRIDGE else autoformat)(tree, patch.paths())
+
+
+def megatron_lm_rows(checkout: Target) -> list[Row]:
+    """Each Megatron-LM patch on its base-commit, and each megatron-core release in lines.toml: its sdist's source with
+    the tests of its patch's base-commit, the patch's context read from there as `git apply -C1` does."""
+    patches = {path.stem: load(path) for path in sorted(MEGATRON_LM_PATCHES.glob("*.patch"))}
+    releases = tomllib.loads(LINES_TOML.read_text())["megatron-core"]
+    trees, rows = [(p, None) for p in patches.values()] + [(patches[r["patch"]], v) for v, r in releases.items()], []
+    for patch, version in trees:
+        sdist, base = version and stage_core(version), patch.base_commit[:10]
+        root = at(checkout, patch.base_commit, MEGATRON_LM, sdist).root
+        label = f"megatron-core {version} + tests {base}" if version else f"Megatron-LM {patch.path.stem} {base}"
+        patch = _fitted(patch, root) if version else patch
+        rows.append(checkout_row(Target(label, root, Kind.CHECKOUT), patch, upstream=root))
+    return rows
+
+
+def _fitted(patch: Patch, tree: Path) -> Patch:
+    """The patch with the context `tree` has (git apply -C1), less the hunks `tree` holds already; as is if that fails."""
+    with tempfile.TemporaryDirectory() as repo:  # an index of the tree's files, in a repository of its own
+        index, apply = ["--git-dir", repo, "--work-tree", str(tree)], ["apply", "--cached", "-C1"]
+        git("init", "--quiet", "--bare", repo)
+        git(*index, "add", *patch.paths())
+        base = git(*index, "write-tree").stdout.strip()
+        for hunk in [str(file).split("\n@@", 1)[0] + "\n" + str(hunk) for file in patch.files for hunk in file]:
+            held = git(*index, *apply, "-R", "--check", "-", input=hunk, check=False).returncode == 0
+            if not held and git(*index, *apply, "-", input=hunk, check=False).returncode:
+                return patch
+        fitted = git(*index, "diff-index", "--cached", "-p", base).stdout
+    return Patch.parse(patch.path, patch.text.split("\n---\n", 1)[0] + "\n---\n" + fitted)  # no diffstat to match
+
+
+# tools/autoformat.sh's checks, CHECK_ONLY=true as Megatron-LM's CI runs them; each tool reads the tree's settings.
+AUTOFORMAT = "black --check --quiet; isort --check; pylint --score=n; ruff check --no-fix"
+
+
+def autoformat(tree: Path, files: list[str]) -> list[str]:
+    """Megatron-LM's lint on the files the patch changes, each tool at the version the tree's uv.lock pins."""
+    lock = tomllib.loads((tree / "uv.lock").read_text())["package"]
+    locked = {entry["name"]: entry.get("version") for entry in lock}
+    found = []
+    for tool, *args in map(str.split, AUTOFORMAT.split("; ")):
+        uvx = [uv(), "tool", "run", "--python", sys.executable, "--from", f"{tool}=={locked[tool]}"]
+        if (done := subprocess.run([*uvx, tool, *args, *files], cwd=tree, capture_output=True, text=True)).returncode:
+            said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+            found.append(f"{tool} {locked[tool]}: {said[0] if said else f'exit {done.returncode}'}")
+    return found
 
 
 def lint(tree: Path, files: list[str]) -> list[str]:
@@ -129,7 +196,8 @@ def _tests(root: Path, file: str) -> set[tuple[str, str]]:
 
 def judge(row: Row, runs: dict[Job, Run]) -> None:
     """The row's verdict. FAIL_TO_PASS: the tests marked `fail_to_pass` (this repo's), or that the patch adds or
-    changes and that fail by assertion on the base (upstream's); every other test is PASS_TO_PASS."""
+    changes and that fail by assertion on the base (upstream's); every other test is PASS_TO_PASS (where the upstream's
+    tests need more than this machine, those that pass on the base here)."""
     base, patched = runs[row.base], runs[row.patched]
     if errors := base.collection_errors():
         row.verdict, row.notes = Standing.OTHER_ENVIRONMENT, errors[:1]
@@ -137,12 +205,16 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     red = [n for n in patched.outcomes if base.of(n) == Outcome.ASSERTION]
     touched = [n for n in red if n.split("[")[0] in row.touched]
     fail_to_pass = [n for n in patched.outcomes if n in patched.marked or n in touched]
-    row.notes += problems(base, patched, fail_to_pass, [n for n in patched.outcomes if n not in fail_to_pass])
+    every = upstream_of(row.patch).every_test
+    others = [n for n in patched.outcomes if n not in fail_to_pass and (every or base.of(n) == Outcome.PASSED)]
+    row.unjudged = len(patched.outcomes) - len(fail_to_pass) - len(others)
+    row.notes += problems(base, patched, fail_to_pass, others)
     if not fail_to_pass:  # never a pass when nothing could go red
-        row.notes.append(f"no FAIL_TO_PASS test of {', '.join(row.base.args)} ran: nothing was tested")
-    for hunk, job in enumerate(row.without, 1):
-        if not any(runs[job].of(n) == Outcome.ASSERTION for n in fail_to_pass):
-            row.notes.append(f"without source hunk {hunk} no FAIL_TO_PASS test goes red: that hunk is not needed")
+        row.notes.append(f"no FAIL_TO_PASS test of {', '.join(row.patch.test_files() or row.base.args)} ran")
+    for hunk, job in enumerate(row.without, 1):  # needed: left out, a FAIL_TO_PASS test does not pass or lint finds
+        lints = row.target.kind == Kind.CHECKOUT and _lint(row.patch, job.cwd)  # a release has no lint config
+        if all(runs[job].of(n) == Outcome.PASSED for n in fail_to_pass) and not lints:
+            row.notes.append(f"without source hunk {hunk} no FAIL_TO_PASS test goes red nor lint: it is not needed")
     row.red = f"{len(set(red) & set(fail_to_pass))}/{len(fail_to_pass)}"
     row.green = f"{sum(patched.of(n) == Outcome.PASSED for n in patched.outcomes)}/{len(patched.outcomes)}"
     row.verdict = Standing.FAIL if row.notes else Standing.PASS
@@ -160,9 +232,9 @@ def evaluate(rows: list[Row], python: str) -> None:
         judge(row, runs)
 
 
-def gate(targets: list[Target], patches: list[Patch], python: str = sys.executable) -> tuple[str, Exit]:
-    """Each target's state (on stderr), the sessions of those the patch applies to, the table and the worst exit."""
-    start, rows = time.monotonic(), []
+def gate(targets: list[Target], patches: list[Patch], python: str = sys.executable, rows=()) -> tuple[str, Exit]:
+    """Each target's state (on stderr), the sessions of those the patch applies to and of `rows`, the table, the exit."""
+    start, rows = time.monotonic(), list(rows)
     for target in targets:
         judged = at(target) if target.kind == Kind.CHECKOUT else target  # a checkout at HEAD, never its work tree
         verdict = check(judged, patches)
@@ -183,6 +255,7 @@ def gate(targets: list[Target], patches: list[Patch], python: str = sys.executab
     for row in rows:
         lines += [f"{row.target.label:<{width}}  {row.red:>13}  {row.green:>14}  {row.verdict.value[0]}"]
         lines += [f"    {note}" for note in row.notes]
+        lines += [f"    not judged: {row.unjudged} other tests, which do not pass here unpatched"] * bool(row.unjudged)
     lines += [f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s"]
     return "\n".join(lines), max(row.verdict.value[1] for row in rows)  # exit codes grow with severity
 
@@ -201,10 +274,11 @@ def environment(target: Target) -> str:
 def run(args) -> tuple[str, Exit]:
     """What `./run gate ARGS` prints, and its exit code: each release in its own environment unless --python names
     one for all, upstream checkouts with --python (by default this interpreter)."""
-    if args.checkouts_only and not args.checkout:
-        raise ToolError("--checkouts-only needs at least one --checkout DIR")
+    if args.checkouts_only and not (args.checkout or args.megatron_lm):
+        raise ToolError("--checkouts-only needs at least one --checkout DIR or --megatron-lm DIR")
     python = cli.interpreter(args.python) if args.python else None
     checkouts = [checkout(path) for path in args.checkout]  # refuse a bad checkout before any download
+    megatron_lm = args.megatron_lm and megatron_lm_checkout(args.megatron_lm)
     versions = [] if args.checkouts_only else args.release or [pins()["megatron-bridge"], "latest"]
     releases = {target.root: target for target in map(release, versions)}.values()  # `latest` may be the pin
     groups: dict[str, list[Target]] = {}
@@ -216,6 +290,7 @@ def run(args) -> tuple[str, Exit]:
         if subprocess.run([where, "-c", "import pytest"], capture_output=True).returncode != 0:
             raise ToolError(f"gate runs pytest, which {where} cannot import: pip install pytest")
     done = [gate(targets, candidates(args.patch), where) for where, targets in groups.items()]
+    done += [gate([], [], python or sys.executable, megatron_lm_rows(megatron_lm))] if megatron_lm else []
     return "\n".join(text for text, _ in done), max(code for _, code in done)  # exit codes grow with severity
 
 
@@ -237,6 +312,7 @@ def parser() -> cli.Parser:
         default=[],
         help="also gate an upstream checkout (HEAD)",
     )
+    parser.add_argument("--megatron-lm", metavar="DIR", help="also gate the Megatron-LM patches from this repository")
     parser.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
     parser.add_argument(
         "--python",

@@ -3,7 +3,8 @@
 `run_many` starts `python -m maintain.redgreen` in the interpreter under test, which imports the third-party stack and
 the first tree's megatron.bridge once, then forks a pytest session per job with that job's tree first on the import
 path. A forked session keeps the warm megatron.bridge only where each of its modules is the same file in its own tree:
-it saves the push tier about a third of the wrong fixes' CPU time (CONTRIBUTING.md).
+it saves the push tier about a third of the wrong fixes' CPU time (CONTRIBUTING.md). Megatron-LM's trees hold megatron.core
+itself, which that stack would import from the environment: their sessions start warm with torch alone.
 """
 
 import importlib.util
@@ -23,7 +24,7 @@ import pytest
 
 from maintain.repo import REPO
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.paths import GPT_STEP_MODULE, is_gpt_step_of
+from mtp_mask_fix.paths import GPT_STEP_MODULE
 
 
 PYTEST = ("-p", "maintain.redgreen", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--strict-markers")
@@ -45,20 +46,21 @@ class Outcome(Enum):
 
 @dataclass(frozen=True)
 class Job:
-    """One pytest session: its arguments, the tree first on its import path, and where it runs."""
+    """One pytest session: its arguments, the tree first on its import path, where it runs, and the patch's module."""
 
     args: tuple[str, ...]
     tree: Path
     cwd: Path = REPO
+    module: str = GPT_STEP_MODULE
 
 
 @dataclass
 class Run:
-    """One finished session: each test's outcome, those marked `fail_to_pass`, and the gpt_step.py files it imported."""
+    """One finished session: each test's outcome, those marked `fail_to_pass`, and which files of its module it imported."""
 
     outcomes: dict[str, Outcome]
     marked: set[str]
-    gpt_step_files: set[str]
+    module_files: set[str]
     # A collection error's last `E` line; a test's record_property("reason").
     reasons: dict[str, str] = field(default_factory=dict)
 
@@ -87,9 +89,9 @@ def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: lis
 
 
 def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
-    """Run the jobs' sessions, forked from one warm `python`; each must import its own tree's gpt_step.py."""
+    """Run the jobs' sessions, forked from one warm `python`; each must import its module from its own tree."""
     with tempfile.TemporaryDirectory() as tmp:
-        specs = [(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd)) for i, job in enumerate(jobs)]
+        specs = [(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd), job.module) for i, job in enumerate(jobs)]
         env = dict(os.environ, PYTHONPATH=str(REPO))
         runner = [python, "-m", "maintain.redgreen"]  # reads the specs as JSON on stdin
         done = subprocess.run(runner, input=json.dumps(specs), capture_output=True, text=True, env=env)
@@ -98,7 +100,8 @@ def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
             raise ToolError(f"the pytest runner failed: {why}", Exit.FAILED)
         runs = [read_run(Path(out)) for out, *_ in specs]
     for job, run in zip(jobs, runs):
-        if stray := {f for f in run.gpt_step_files if not is_gpt_step_of(f, job.tree)}:  # what every verdict rests on
+        own = os.path.abspath(job.tree / (job.module.replace(".", "/") + ".py"))  # by path: the rest may be links
+        if stray := {f for f in run.module_files if os.path.abspath(f) != own}:  # what every verdict rests on
             raise ToolError(f"a session meant to test {job.tree} imported {sorted(stray)}", Exit.FAILED)
     return runs
 
@@ -110,7 +113,7 @@ def read_run(out: Path, under: str = "") -> Run:
     return Run(
         {e["nodeid"]: Outcome(e["outcome"]) for e in entries},
         {e["nodeid"] for e in entries if e["fail_to_pass"]},
-        {e["gpt_step"] for e in entries if e["gpt_step"]},
+        {e["module"] for e in entries if e["module"]},
         {e["nodeid"]: e["reason"] for e in entries if "reason" in e},
     )
 
@@ -119,8 +122,9 @@ CONFIG = []  # the session's pytest config, once it is configured
 
 
 def pytest_addoption(parser):
-    """Plugin: the file a session records its outcomes in."""
+    """Plugin: the file a session records its outcomes in, and the module whose file each record names."""
     parser.addoption("--outcomes", metavar="FILE", help="record each test's outcome in FILE (JSON lines)")
+    parser.addoption("--outcomes-module", metavar="MODULE", default=GPT_STEP_MODULE, help="the module it changes")
 
 
 def pytest_configure(config):
@@ -129,8 +133,8 @@ def pytest_configure(config):
 
 
 def _record(nodeid: str, outcome: Outcome, **more) -> None:
-    gpt_step = getattr(sys.modules.get(GPT_STEP_MODULE), "__file__", None)
-    entry = {"nodeid": nodeid, "outcome": outcome.value, "gpt_step": gpt_step, "fail_to_pass": False} | more
+    module = getattr(sys.modules.get(CONFIG[0].getoption("outcomes_module")), "__file__", None)
+    entry = {"nodeid": nodeid, "outcome": outcome.value, "module": module, "fail_to_pass": False} | more
     with open(CONFIG[0].getoption("outcomes"), "a") as handle:
         handle.write(json.dumps(entry) + "\n")
 
@@ -197,19 +201,20 @@ def _adopt_bridge(tree: str, warmed: str) -> None:
             module.__path__ = [os.path.dirname(mine) if getattr(module, "__file__", None) else mine]
 
 
-def _session(out: str, tree: str, args: list[str], cwd: str, warmed: str) -> None:
+def _session(out: str, tree: str, args: list[str], cwd: str, module: str, warmed: str) -> None:
     _adopt_bridge(tree, warmed)
     os.chdir(cwd)
     Path(out).touch()  # a session that records nothing still leaves its file
-    pytest.main([*PYTEST, "-o", f"pythonpath={tree}", f"--outcomes={out}", *args])
+    pytest.main([*PYTEST, "-o", f"pythonpath={tree}", f"--outcomes={out}", f"--outcomes-module={module}", *args])
 
 
-if __name__ == "__main__":  # the runner: each [out, tree, args, cwd] on stdin is one session, in a fork of its own
-    for module in WARM:  # what this environment lacks is not warmed (megatron-core < 0.17 has no megatron.training)
+if __name__ == "__main__":  # the runner: each [out, tree, args, cwd, module] on stdin is one session, in a fork
+    specs = json.load(sys.stdin)
+    bridge = all(spec[4] == GPT_STEP_MODULE for spec in specs)
+    for module in WARM if bridge else ("torch",):  # what the environment lacks is skipped (core < 0.17: no training)
         if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
             importlib.import_module(module)
-    specs = json.load(sys.stdin)
-    if specs:
+    if specs and bridge:
         _warm_bridge(specs[0][1])
     parallel = os.cpu_count() or 1
     fork = multiprocessing.get_context("fork")  # not a Pool: it waits forever on a worker that died

@@ -1,8 +1,9 @@
 """`./run refresh`: rewrite the patches/ files, byte-stable, from the patch's commit in an upstream checkout.
 
 As gbp-pq does: `./run branch CHECKOUT wip` makes the patch a commit; amend it there, and `--upstream CHECKOUT` writes it
-back once it holds red/green there. `--backports` derives each older line's patch: before 0.6 the `forward_args`
-literal is followed by `if cu_seqlens is not None:`, so the source hunks apply with two lines of trailing context.
+back once it holds red/green there (`--patch patches/megatron-lm/BRANCH.patch`: from a Megatron-LM clone). `--backports`
+derives each older line's patch: before 0.6 the `forward_args` literal is followed by `if cu_seqlens is not None:`, so
+the source hunks apply with two lines of trailing context.
 """
 
 import datetime
@@ -10,7 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from maintain.repo import checkout, release, release_lines
+from maintain.repo import checkout, megatron_lm_checkout, release, release_lines
+from maintain.upstreams import MEGATRON_LM, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
@@ -42,7 +44,7 @@ def _mailbox(repo: Path, parent: str, tree: str, message: str, old: Patch, *, up
     made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=_author(old), input=message).stdout.strip()
     stable = ["--zero-commit", "--no-signature", *[f"--base={parent}"] * upstream]
     text = git("format-patch", "-1", "--stdout", *stable, made, cwd=repo).stdout
-    moved = upstream and Patch.parse(old.path, text).diff != old.diff
+    moved = upstream and load(old.path, text).diff != old.diff
     metadata = old.metadata | ({"Last-Update": datetime.date.today().isoformat()} if moved else {})
     head, sep, rest = text.partition("\n---\n")
     return f"{head}{sep}" + "".join(f"{key}: {value}\n" for key, value in metadata.items()) + f"\n{rest}"
@@ -61,9 +63,9 @@ def build(upstream: Target, rev: str, old: Patch) -> str:
         return _mailbox(Path(clone), found[1], f"{found[0]}^{{tree}}", message, old, upstream=True)
 
 
-def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) -> str:
-    """Rewrite the first patch in the series from `rev`; with `python`, only once its tests hold red/green there."""
-    old = Patch.load()
+def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable, patch: Path | None = None) -> str:
+    """Rewrite `patch` (the carried one) from `rev`; with `python`, only once its tests hold red/green there."""
+    old = load(patch)
     text = build(upstream, rev, old)
     held = "red/green not run (--no-verify)"
     if python:
@@ -71,7 +73,7 @@ def refresh(upstream: Target, rev: str, *, python: str | None = sys.executable) 
         # which a Ctrl-C, arriving before cli.main's signal handlers, prints a traceback.
         from maintain.gate import Standing, checkout_row, evaluate
 
-        row = checkout_row(upstream, Patch.parse(old.path, text), rev=f"{rev}^1")
+        row = checkout_row(upstream, load(old.path, text), rev=f"{rev}^1")
         evaluate([row], python)
         if row.verdict != Standing.PASS:
             notes = row.notes[:3] + [f"{len(row.notes) - 3} more"] * (len(row.notes) > 3)
@@ -122,7 +124,8 @@ def run(args) -> tuple[str, Exit]:
     if args.backports:
         return backports(), Exit.OK
     python = None if args.no_verify else cli.interpreter(args.python)
-    return refresh(checkout(args.upstream), args.rev, python=python), Exit.OK
+    where = (megatron_lm_checkout if upstream_of(load(args.patch)) == MEGATRON_LM else checkout)(args.upstream)
+    return refresh(where, args.rev, python=python, patch=args.patch), Exit.OK
 
 
 def parser() -> cli.Parser:
@@ -131,12 +134,11 @@ def parser() -> cli.Parser:
         prog="./run refresh", description="rewrite patches/ from the patch's commit in an upstream checkout"
     )
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument(
-        "--upstream", metavar="DIR", type=Path, help="the Megatron-Bridge git checkout holding the commit"
-    )
+    which.add_argument("--upstream", metavar="DIR", type=Path, help="the upstream git checkout holding the commit")
     which.add_argument("--backports", action="store_true", help="derive each older line's patch from the first")
     parser.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
-    parser.add_argument("--no-verify", action="store_true", help="skip the red/green run and ruff on the checkout")
+    parser.add_argument("--patch", type=Path, help="the mailbox to rewrite (default: the first in patches/series)")
+    parser.add_argument("--no-verify", action="store_true", help="skip the red/green run and the lint on the checkout")
     parser.add_argument(
         "--python", metavar="PY", default=sys.executable, help="an interpreter with the checkout's megatron-core"
     )

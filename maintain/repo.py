@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.git import git
 from mtp_mask_fix.paths import PACKAGE
 from mtp_mask_fix.targets import Kind, Target, resolve
 
@@ -80,3 +81,11 @@ def checkout(path: Path | str) -> Target:
     if target.kind != Kind.CHECKOUT:
         raise ToolError(f"{path}: not the top of a Megatron-Bridge git checkout with a commit")
     return target
+
+
+def megatron_lm_checkout(path: Path) -> Target:
+    """A Megatron-LM git repository, a clone or bare: gate and refresh read its commits, never a work tree."""
+    found = Path(path).is_dir() and git("rev-parse", "-q", "--verify", "HEAD:megatron/core", cwd=path, check=False)
+    if not found or found.returncode:
+        raise ToolError(f"{path}: not a Megatron-LM git repository (no megatron/core at its HEAD)")
+    return Target(str(path), Path(path).resolve(), Kind.CHECKOUT)

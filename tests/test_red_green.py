@@ -107,7 +107,7 @@ class TestRedGreen:
     @pytest.mark.parametrize("suite", SUITES)
     def test_each_side_ran_its_own_tree(self, runs, suite, base_tree):
         for side, tree in (("base", base_tree), ("patched", VIEW)):
-            files = runs[suite][side].gpt_step_files
+            files = runs[suite][side].module_files
             assert files and all(is_gpt_step_of(f, tree) for f in files), f"{side} imported {files}"
 
 

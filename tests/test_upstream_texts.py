@@ -1,6 +1,8 @@
-"""The texts in upstream/ for Megatron-Bridge's maintainers: every link pinned, the credit left to the poster, nothing
-of this repo in them, and (with an upstream checkout) each linked line range holding the code its link text quotes."""
+"""The texts in upstream/ for Megatron-Bridge's maintainers and Megatron-LM's: every link pinned, the credit left to the
+poster, nothing of this repo in them, the code and the warning they quote the patches', and (with an upstream checkout)
+each linked line range holding the code its link text quotes."""
 
+import ast
 import re
 import subprocess
 from pathlib import Path
@@ -8,11 +10,14 @@ from pathlib import Path
 import pytest
 
 from maintain.repo import REPO
+from maintain.upstreams import MEGATRON_LM_PATCHES, load
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE, UPSTREAM_TEST
 
 
 TEXTS = {path.name: path.read_text() for path in sorted((REPO / "upstream").glob("*.md"))}
+FOR_MEGATRON_LM = {"megatron-lm-issue.md", "megatron-lm-pr-body.md", "megatron-lm-pr-body-dev.md"}
+CORE_PATCHES = [load(path) for path in sorted(MEGATRON_LM_PATCHES.glob("*.patch"))]
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge"
 MEGATRON_LM = "NVIDIA/Megatron-LM"
 SUBMODULE = "3rdparty/Megatron-LM"
@@ -22,6 +27,7 @@ LINK = re.compile(
     r"(?P<path>[^)#]+)(?:#L(?P<first>\d+)(?:-L(?P<last>\d+))?|#[\w-]+)?)\)"
 )
 LINKS = [link for text in TEXTS.values() for link in LINK.finditer(text)]
+LINKS_FOR = {name: list(LINK.finditer(text)) for name, text in TEXTS.items()}
 # What the texts say is not there, which no quote can show: {a linked path: strings absent from what its links show}.
 ABSENT = {
     # FalconH1Model.forward's parameters
@@ -51,8 +57,8 @@ def _added(path: str) -> str:
     return "".join(lines).rstrip("\n") + "\n"
 
 
-def test_the_three_texts_are_there():
-    assert set(TEXTS) == {"review-6105.md", "pr-body.md", "follow-up-6105-landed.md"}
+def test_the_texts_are_there():
+    assert set(TEXTS) == {"review-6105.md", "pr-body.md", "follow-up-6105-landed.md"} | FOR_MEGATRON_LM
 
 
 def test_every_link_names_a_commit_that_never_moves():
@@ -62,6 +68,26 @@ def test_every_link_names_a_commit_that_never_moves():
     base = Patch.load().base_commit
     assert {link["rev"] for link in LINKS if link["repo"] == BRIDGE} == {base}
     assert all(re.fullmatch(r"[0-9a-f]{40}", link["rev"]) for link in LINKS if link["repo"] == MEGATRON_LM)
+
+
+def test_megatron_lm_texts_link_megatron_lm_at_the_commits_its_patches_are_made_on():
+    links = [link for name in FOR_MEGATRON_LM for link in LINKS_FOR[name]]
+    assert {link["repo"] for link in links} == {MEGATRON_LM}
+    assert {link["rev"] for link in links} <= {patch.base_commit for patch in CORE_PATCHES}
+
+
+def _warning(patch: Patch) -> str:
+    """The message the patch logs: the string literals its added lines pass after `logging.WARNING,`, joined."""
+    added = "".join(line.value for file in patch.files for hunk in file for line in hunk if line.is_added)
+    literals = re.search(r"logging\.WARNING,\n((?:\s+\".*\",?\n)+)", added)[1]
+    return "".join(ast.literal_eval(literal.strip().rstrip(",")) for literal in literals.splitlines())
+
+
+def test_the_warning_the_megatron_lm_prs_quote_is_the_one_every_patch_logs():
+    (warning,) = {_warning(patch) for patch in CORE_PATCHES}
+    for name in ("megatron-lm-pr-body.md", "megatron-lm-pr-body-dev.md"):
+        (quoted,) = re.findall(r"^```\n(.*?)\n```$", TEXTS[name], re.S | re.M)
+        assert " ".join(quoted.split()) == warning
 
 
 def test_every_line_link_quotes_the_code_it_points_at():
@@ -91,9 +117,10 @@ def _git(where: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_megatron_lm_links_name_the_commit_upstream_pins(upstream_checkout):
+def test_megatron_lm_links_for_bridge_name_the_commit_upstream_pins(upstream_checkout):
     pin = _git(upstream_checkout, "rev-parse", f"{Patch.load().base_commit}:{SUBMODULE}").stdout.strip()
-    assert {link["rev"] for link in LINKS if link["repo"] == MEGATRON_LM} == {pin}
+    links = [link for name in set(TEXTS) - FOR_MEGATRON_LM for link in LINKS_FOR[name]]
+    assert {link["rev"] for link in links if link["repo"] == MEGATRON_LM} == {pin}
 
 
 @pytest.mark.slow
@@ -103,6 +130,8 @@ def test_a_link_shows_what_its_text_says(upstream_checkout, url):
     rev, path, first, last = link["rev"], link["path"], link["first"], link["last"]
     quotes = [quote for each in LINKS if each["url"] == url for quote in _quotes(each["text"])]  # in every text
     clone = upstream_checkout / SUBMODULE if link["repo"] == MEGATRON_LM else upstream_checkout
+    if _git(clone, "cat-file", "-e", f"{rev}^{{commit}}").returncode:  # a Megatron-LM patch's base, newer than the pin
+        pytest.skip(f"{clone} does not hold {rev}: fetch it there (git -C {clone} fetch origin {rev})")
     absent = ABSENT.get(path, ())
     if "/tree/" in url:  # a folder: it is there, and nothing in it holds what the text says it lacks
         assert _git(clone, "ls-tree", "-d", rev, path).stdout.strip() and set(quotes) <= {path}

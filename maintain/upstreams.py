@@ -1,0 +1,53 @@
+"""The two upstreams this repo carries patches for, told apart by what `Upstream` says, and their patches read one way."""
+
+import dataclasses
+import re
+from pathlib import Path
+
+from maintain.repo import REPO
+from mtp_mask_fix.patch import Patch, series
+from mtp_mask_fix.paths import GPT_STEP_MODULE
+
+
+MEGATRON_LM_PATCHES = REPO / "patches" / "megatron-lm"  # one mailbox per Megatron-LM branch, <branch>.patch
+
+
+@dataclasses.dataclass(frozen=True)
+class Upstream:
+    """What gate needs of an upstream: the module its patch changes, what its tree of a commit takes (and puts under
+    src/), its test sessions' options here, and whether every test the patch leaves alone must pass on the base."""
+
+    module: str
+    top: tuple[str, ...]
+    sources: str = ""
+    options: tuple[str, ...] = ()
+    every_test: bool = True
+
+
+BRIDGE = Upstream(GPT_STEP_MODULE, ("src", "tests", "pyproject.toml", "ruff.toml"))
+# Most of Megatron-LM's test_multi_token_prediction.py needs CUDA, Transformer Engine or several ranks: those that pass
+# on the base here must pass patched, the rest are counted. --noconftest: its conftest downloads test data at start;
+# core_unit_tests_cpu (tinymodel/site) runs its test utilities on gloo and the CPU. Its lint reads the last three.
+MEGATRON_LM = Upstream(
+    "megatron.core.transformer.multi_token_prediction",
+    ("tests/__init__.py", "tests/unit_tests", "pyproject.toml", ".pylintrc", "uv.lock"),
+    "megatron",
+    ("--noconftest", "-p", "core_unit_tests_cpu"),
+    every_test=False,
+)
+
+
+def upstream_of(patch: Patch) -> Upstream:
+    """The upstream a patch is for: Megatron-LM's live in patches/megatron-lm."""
+    return MEGATRON_LM if patch.path.resolve().parent == MEGATRON_LM_PATCHES else BRIDGE
+
+
+def load(path: Path | None = None, text: str | None = None) -> Patch:
+    """A patch of either upstream (the carried one by default); a Megatron-LM mailbox's megatron/ read as src/megatron/,
+    where gate puts it, so that Patch's split of source and tests holds for both (its `text` stays the file's)."""
+    path = Path(path or series()[0])
+    if path.resolve().parent != MEGATRON_LM_PATCHES:
+        return Patch.load(path) if text is None else Patch.parse(path, text)
+    text = path.read_text() if text is None else text
+    moved = re.sub(r"(?m)^(diff --git a/|--- a/|\+\+\+ b/)megatron/", r"\1src/megatron/", text)
+    return dataclasses.replace(Patch.parse(path, moved.replace(" b/megatron/", " b/src/megatron/")), text=text)
