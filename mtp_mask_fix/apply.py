@@ -5,7 +5,7 @@ import os
 
 from mtp_mask_fix import journal
 from mtp_mask_fix.check import State, check, fixed_how, touched
-from mtp_mask_fix.errors import Exit, ToolError, doing
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.journal import WAIT
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.signals import Interrupted, held
@@ -77,11 +77,9 @@ def _write(target: Target, after: dict[str, bytes], done: str, python: str | Non
                 f"{path} is read-only or not yours to write; make it writable (mtp-mask-fix writes a journal in "
                 "TARGET and renames each file into place)"
             )
-    with doing("reading", root):
-        before = {rel: (root / rel).read_bytes() for rel in after}
     try:
         with held():
-            journal.write(root, target.release, before, after)
+            journal.write(root, target.release, after)
         with held():
             for rel, data in after.items():
                 journal.write_atomic(root / rel, data)

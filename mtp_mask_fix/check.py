@@ -30,12 +30,9 @@ class State(Enum):
     LINKED = ("{detail} is a symlink: apply writes no link nor beyond one; name the tree that holds it", Exit.USAGE)
     APPLIES = ("the patch applies ({detail}); the bug is present: `apply` fixes it", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
-    UNPROVEN = ("the patch is applied ({detail}), but {why}: `mtp-mask-fix verify` can tell", Exit.USAGE)
+    UNPROVEN = ("the patch is applied ({detail}), but {why}: `mtp-mask-fix verify` runs it and tells", Exit.USAGE)
     LOCAL_CHANGES = ("uncommitted local changes in the patch's region ({detail}); commit or stash them", Exit.USAGE)
-    INSTALLED_EDITS = (
-        "local edits in the patch's region ({detail}), unlike its wheel's RECORD: undo them",
-        Exit.USAGE,
-    )
+    INSTALLED_EDITS = ("local edits in the patch's region ({detail}) unlike its wheel's RECORD: undo them", Exit.USAGE)
     EQUIVALENT = ("fixed another way: gpt_step passes loss_mask to the model; nothing to apply", Exit.ALREADY_APPLIED)
     DRIFTED = ("drifted: {detail}", Exit.DRIFTED)
 
@@ -46,15 +43,14 @@ class State(Enum):
 
 @dataclass(frozen=True)
 class Verdict:
-    """A target's state, the patch judged by (`src`: its source alone, None: all), a detail, and what to write."""
+    """A target's state, the patch judged by, a detail, and the files' bytes with the patch, or without it."""
 
     target: Target
     state: State
     detail: str = ""
     patch: Patch | None = None
-    src: bool | None = True
-    rewrite: dict[str, bytes] = field(default_factory=dict, repr=False)  # patched (APPLIES), else as before it
-    why: str = ""  # what keeps the patched text from showing the fix (UNPROVEN)
+    rewrite: dict[str, bytes] = field(default_factory=dict, repr=False)  # upstream's test file only where it fits
+    why: str = ""  # what keeps its text from showing the fix
 
     def __str__(self) -> str:
         return f"{self.target.label}: " + self.state.value[0].format(detail=self.detail, why=self.why)
@@ -70,10 +66,8 @@ def candidates(explicit: Path | None = None) -> list[Patch]:
 
 def name(patch: Patch) -> str:
     """The patch file as README's table names it (patches/...), or as given."""
-    try:
-        return str(patch.path.resolve().relative_to(PATCHES.resolve().parent))
-    except ValueError:
-        return str(patch.path)
+    path, folder = patch.path.resolve(), PATCHES.resolve().parent
+    return str(path.relative_to(folder) if path.is_relative_to(folder) else patch.path)
 
 
 def touched(target: Target, patches: list[Patch]) -> list[str]:
@@ -88,10 +82,9 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
     with doing("reading", target.fixed_file):
         lines = target.fixed_file.read_text(errors="replace").splitlines(keepends=True)
     unfixed = why_not_fixed("".join(lines), str(target.fixed_file.relative_to(target.root)))
-    within = [Path(rel) for rel in touched(target, patches)]
+    within = [Path(rel) for rel in touched(target, patches)]  # read through a link: what it holds may be fixed
     if linked := [part for rel in within for part in [rel, *rel.parents][:-1] if (target.root / part).is_symlink()]:
-        state = State.LINKED if unfixed else State.EQUIVALENT  # read through the link: it may be fixed
-        return Verdict(target, state, str(linked[0]), patches[0])
+        return Verdict(target, State.LINKED if unfixed else State.EQUIVALENT, str(linked[0]), patches[0])
     # Closest: the patch whose source hunk (its first file's) the file holds the longest run of lines of.
     closest = sorted(patches, key=lambda patch: -max(_run(h, lines)[0].size for f in patch.files[:1] for h in f))
     verdicts = (_check(target, patch, unfixed) for patch in closest)
@@ -105,23 +98,18 @@ def _check(target: Target, patch: Patch, unfixed: str) -> Verdict:
     tests = all((target.root / test).is_file() for test in patch.test_files()) and target.strip == 1
     source, tests = patch.part(src=True), patch.part(src=False) if tests else ""
     files = [stripped(path, target.strip) for path in patch.paths(src=True)]  # gpt_step.py's first
-    if (reverted := _applied(target, source, reverse=True))[0]:
-        with_tests = _applied(target, tests, reverse=True)[0]
-        scope = f"{'source and tests' if with_tests else 'source hunks only'}, {name(patch)}"
-        state = State.UNPROVEN if unfixed else State.APPLIED
-        return Verdict(target, state, scope, patch, not with_tests or None, reverted[0] | with_tests, unfixed)
-    if not unfixed:
+    reverted = _applied(target, source, reverse=True)[0]
+    if not reverted and not unfixed:
         return Verdict(target, State.EQUIVALENT, patch=patch)
-    patched, error = _applied(target, source)
-    if patched:
-        with_tests, why = _applied(target, tests)
-        if then := why_not_fixed(patched[files[0]].decode(errors="replace"), files[0]):
+    changed, error = (reverted, "") if reverted else _applied(target, source)
+    if changed:  # applied, one way or back
+        with_tests, moved = _applied(target, tests, reverse=bool(reverted))
+        if not reverted and (then := why_not_fixed(changed[files[0]].decode(errors="replace"), files[0])):
             return Verdict(target, State.DRIFTED, f"{name(patch)} applies, but then {then}", patch)
         scope = "source and tests" if with_tests else "source hunks only"
-        scope += f"; upstream's tests left out, their file has moved on ({first_error_line(why)})" if why else ""
-        return Verdict(
-            target, State.APPLIES, f"{scope}, {name(patch)}", patch, not with_tests or None, patched | with_tests
-        )
+        scope += f"; upstream's tests left out, their file has moved on ({first_error_line(moved)})" if moved else ""
+        state = (State.UNPROVEN if unfixed else State.APPLIED) if reverted else State.APPLIES
+        return Verdict(target, state, f"{scope}, {name(patch)}", patch, changed | with_tests, unfixed)
     # Only local edits in the way: the diff fits the checkout's commit, or the installed files are not as their
     # wheel's RECORD has them.
     found = _user_line(target, patch, error)
@@ -144,8 +132,6 @@ def _applied(target: Target, diff: str, *, reverse=False) -> tuple[dict[str, byt
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / rel).write_bytes((target.root / rel).read_bytes())
         if error := apply_diff(diff, tmp, strip=target.strip, reverse=reverse):
-            if not re.search(r"patch does not apply|patch failed", error):  # no drift: git could not work there
-                raise ToolError(f"git apply in {tmp}: {first_error_line(error)}; nothing changed", Exit.FAILED)
             return {}, error
         return {rel: (tmp / rel).read_bytes() for rel in files}, ""
 
@@ -245,8 +231,6 @@ def _user_line(target: Target, patch: Patch, error: str) -> str:
 
 def fixed_how(verdict: Verdict) -> str:
     """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
-    if verdict.state in (State.APPLIED, State.EQUIVALENT):
-        return verdict.detail if verdict.state == State.APPLIED else "another way"
-    if verdict.state != State.APPLIES:
+    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
         raise ToolError(str(verdict), verdict.state.code)
-    return ""
+    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")

@@ -12,7 +12,6 @@ from pathlib import Path
 from mtp_mask_fix import __version__, apply, check, journal, targets, watch
 from mtp_mask_fix.errors import Exit, ToolError, doing, exit_table
 from mtp_mask_fix.journal import WAIT, lock
-from mtp_mask_fix.paths import PACKAGE
 from mtp_mask_fix.signals import SIGNALS, Interrupted, guard
 from mtp_mask_fix.verify import verify
 
@@ -64,10 +63,8 @@ def _target(args) -> targets.Target:
     where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
         raise ToolError(f"{python} imports no megatron.bridge; give --python the interpreter that trains, or a TARGET")
-    root = where.parent.parent
-    return targets.resolve(
-        str(root.parent if root.name == "src" and (root.parent / "src" / PACKAGE).is_dir() else root)
-    )
+    root = where.parent.parent  # an editable install's src/: its checkout is the TARGET
+    return targets.resolve(str(root.parent if root.name == "src" else root))
 
 
 def cmd_check(args) -> tuple[str, Exit]:
@@ -78,9 +75,8 @@ def cmd_check(args) -> tuple[str, Exit]:
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
-    target, patches = _target(args), check.candidates()
-    python = None if args.no_verify else interpreter(args.python)
-    return apply.apply(target, patches, python=python, wait=args.wait)
+    target, python = _target(args), None if args.no_verify else interpreter(args.python)
+    return apply.apply(target, check.candidates(), python=python, wait=args.wait)
 
 
 def cmd_revert(args) -> tuple[str, Exit]:
@@ -133,16 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
     reads = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
-    wait = dict(
-        metavar="SECONDS", type=seconds, default=WAIT, help=f"while another writes TARGET (default {WAIT:.0f})"
-    )
+    wait = dict(metavar="SECONDS", type=seconds, default=WAIT, help=f"while another holds TARGET (default {WAIT:.0f})")
     command(cmd_check, "applies / already applied (or fixed another way) / drifted", reads)
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
     p.add_argument("--wait", **wait)
-    command(
-        cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads
-    ).add_argument("--wait", **wait)
+    p = command(cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads)
+    p.add_argument("--wait", **wait)
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", reads)
     p = sub.add_parser("watch", help="run CMD as it is: does megatron-core's MTP loss train on what it assumes?")
@@ -166,8 +159,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
             text, code = f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", Exit.FAILED
         except OSError as exc:  # apply and revert say what they left themselves: here, nothing was changed
-            where = f" at {exc.filename}" if exc.filename else ""
-            text, code = f"mtp-mask-fix: error: {exc.strerror or exc}{where}; nothing changed", Exit.FAILED
+            text, code = f"mtp-mask-fix: error: {exc}; nothing changed", Exit.FAILED
         except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
             text, code = f"mtp-mask-fix: error: {exc}: nothing changed", exc.code
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the outcome stands: a signal from here on is not delivered

@@ -80,7 +80,6 @@ def lock(root: Path, label: str, *, exclusive: bool = False, wait: float = WAIT)
 
     def alarm(signum, frame):
         if said or wait <= 2:
-            signal.setitimer(signal.ITIMER_REAL, 0)
             raise TimeoutError
         print(f"mtp-mask-fix: waiting for the lock on {label}, which another process holds", file=sys.stderr)
         said.append(True)
@@ -103,11 +102,11 @@ def lock(root: Path, label: str, *, exclusive: bool = False, wait: float = WAIT)
         os.close(fd)
 
 
-def write(root: Path, release: str, before: dict[str, bytes], after: dict[str, bytes]) -> None:
-    """Write the journal of a write about to replace `before` by `after` in a TARGET holding `release`."""
-    files = {
-        rel: {"before": base64.b64encode(data).decode(), "after": digest(after[rel])} for rel, data in before.items()
-    }
+def write(root: Path, release: str, after: dict[str, bytes]) -> None:
+    """Write the journal of a write about to give the files the bytes `after` in a TARGET holding `release`."""
+    with doing("reading", root):
+        before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
+    files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
     write_atomic(root / JOURNAL, json.dumps({"release": release, "files": files}).encode())
 
 
