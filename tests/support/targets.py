@@ -126,9 +126,13 @@ def tool_env(home) -> dict:
 @pytest.fixture
 def cli(tool_env, tmp_path, monkeypatch):
     """Run `mtp-mask-fix ARGS` from tmp_path (or cwd) with `env` (or tool_env) as its whole environment, in this
-    process (a start-up costs more than most commands); returns what it exited with and printed, as subprocess.run."""
+    process (a start-up costs more than most commands) but `watch`, whose job prints too; returns what it exited with
+    and printed, as subprocess.run."""
 
     def run(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+        if args[0] == "watch":
+            command = [sys.executable, "-m", "mtp_mask_fix", *map(str, args)]
+            return subprocess.run(command, cwd=cwd or tmp_path, env=env or tool_env, capture_output=True, text=True)
         out, err, mask = io.StringIO(), io.StringIO(), signal.pthread_sigmask(signal.SIG_BLOCK, [])
         with monkeypatch.context() as patched, redirect_stdout(out), redirect_stderr(err):
             patched.chdir(cwd or tmp_path)
