@@ -27,7 +27,7 @@ def apply(target: Target, patches: list[Patch], *, python: str | None, wait: flo
         if verdict.state is State.APPLIES:
             return put_back + _write(target, verdict.rewrite, f"applied ({verdict.detail})", python), Exit.OK
         fixed = fixed_how(verdict)
-        unlock()  # written meanwhile: verified beside the other ranks
+        unlock()  # nothing to write (another rank wrote it, maybe): verified beside the others
         verified = _verified(target, python, f"{target.label}: nothing changed (its source reads as fixed: {fixed}); ")
         return f"{put_back}{target.label}: already fixed ({fixed}); nothing changed{verified}", Exit.OK
 
