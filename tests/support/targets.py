@@ -130,7 +130,7 @@ def cli(tool_env, tmp_path, monkeypatch):
     and printed, as subprocess.run."""
 
     def run(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
-        if args[0] == "watch":
+        if args[:1] == ("watch",):
             command = [sys.executable, "-m", "mtp_mask_fix", *map(str, args)]
             return subprocess.run(command, cwd=cwd or tmp_path, env=env or tool_env, capture_output=True, text=True)
         out, err, mask = io.StringIO(), io.StringIO(), signal.pthread_sigmask(signal.SIG_BLOCK, [])
