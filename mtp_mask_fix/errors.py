@@ -19,7 +19,8 @@ class Exit(IntEnum):
     FAILED = 5, "the probe failed or could not run, an OS error, a killed run's files; `watch` judged no MTP loss call"
     BUSY = 6, "the target's lock was not free within the wait (another process held it): nothing changed"
     UNMASKED = 7, "`watch`: MTP loss trained against its contract: no mask, not the loss's positions, labels shifted"
-    INTERRUPTED = 128, "128 + n: signal n (130 SIGINT, 143 SIGTERM, 129 SIGHUP); its line says what it left"
+    JOB_FAILED = 8, "`watch`: the command exited non-zero (its code on the line); no call was against the contract"
+    INTERRUPTED = 128, "128 + n: signal n to the tool or `watch`'s command (130 SIGINT, 143 SIGTERM, 137 SIGKILL)"
 
 
 def exit_table(markdown: bool = True) -> str:

@@ -16,8 +16,8 @@ from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS
 
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
 UNREAD = (
-    "positions the MTP loss counts where a zero gradient need not be a mask (no labels, a row without gradient, or a \
-loss that weighs positions unequally)"
+    "positions the MTP loss counts where a zero gradient need not be a mask (no labels, a row without gradient, a loss \
+that weighs positions unequally or drops them by their value)"
 )
 
 
@@ -63,8 +63,8 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
         stopped: the signal watch passed on to the job, if any.
 
     Returns:
-        The lines, and 7 when an MTP loss trained against the contract, else 128+n, else the command's code, else 5
-        when no call was judged.
+        The lines, and 7 when an MTP loss trained against the contract, else 128+n for signal n, else 8 when the
+        command failed, else 5 when no call was judged.
     """
     total, ranks = {key: sum(r[key] for r in reports) for key in COUNTS}, {}
     for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
@@ -74,10 +74,9 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     if not total["calls"]:
         if stopped:
             raise stopped
-        if code:
-            raise ToolError(f"watch: {name} {ended}", 128 - code if code < 0 else code)
-        said = f"MTP loss calls: none seen (megatron-core's MTP loss found in {len(ranks)} process(es), looked for"
-        raise ToolError(f"watch: {name}: {said} {LOOKED_FOR}); {UNSEEN}", Exit.FAILED)
+        imported = f"imported in {len(ranks)} process(es), never called with MTP on" if ranks else "not seen imported"
+        said = f"no MTP loss call: megatron-core's MTP loss {imported} (looked for {LOOKED_FOR}); {UNSEEN}"
+        return f"mtp-mask-fix watch: {name}: {said}" + f"; {name} {ended}" * bool(code), _code(code) or Exit.FAILED
     shapes = {who: _shape(c) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
     usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
     lines = [
@@ -89,6 +88,8 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     nothing = total["trained"] == total["no_gradient"]  # no call judged
     if total["unread"]:
         head += f"; not judged: {total['unread']} {UNREAD}"
+    if stale := sum(not r["final"] for r in reports):
+        head += f"; {stale} process(es) ended without a last report (SIGKILL, a crash): counted up to an earlier one"
     if strict := next((r["where"] for r in reports if r["where"]), None):
         head += f"; stopped (--strict) at {strict}"  # the job's code is then the stop's
     elif stopped:
@@ -97,8 +98,13 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
         head += f"; {name} {ended}"
     elif nothing:
         head += "; no call judged: none was trained with a gradient"
-    otherwise = stopped.code if stopped else 128 - code if code < 0 else code or Exit.FAILED * nothing
+    otherwise = stopped.code if stopped else _code(code) or Exit.FAILED * nothing
     return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
+
+
+def _code(code: int) -> int:
+    """watch's exit code for its command's: 128+n for signal n, 8 for any other failure (its own codes mean others)."""
+    return 128 - code if code < 0 else Exit.JOB_FAILED * bool(code)
 
 
 def _shape(c: dict) -> tuple:
@@ -115,9 +121,11 @@ def _counts(c: dict) -> str:
 
 
 def _against(c: dict) -> str:
-    """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; empty if none did."""
+    """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; or that none did."""
     said = [f"{c['no_mask']} without a loss_mask (core's MTP loss then counts every position)"] * bool(c["no_mask"])
     said += [f"the MTP loss trains {c['trains']} positions the loss masks"] * bool(c["trains"])
     said += [f"the MTP loss skips {c['skips']} positions the loss trains"] * bool(c["skips"])
     said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
-    return f": {c['against']} trained against the contract: {'; '.join(said)}" if c["against"] else ""
+    if c["against"]:
+        return f": {c['against']} trained against the contract: {'; '.join(said)}"
+    return ": no finding" if c["trained"] > c["no_gradient"] else ""

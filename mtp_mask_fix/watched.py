@@ -70,7 +70,9 @@ def _keeping_the_gradient(function):
     def compute_language_model_loss(self, labels, *args, **kwargs):
         loss = function(self, labels, *args, **kwargs)
         if awaiting and awaiting[0] is labels and getattr(loss, "requires_grad", False):
-            loss.register_hook(functools.partial(awaiting.pop().__setitem__, "gradient"))
+            call = awaiting.pop()
+            call["losses"] = loss.detach().clone()
+            loss.register_hook(functools.partial(call.__setitem__, "gradient"))
             awaiting.clear()
         return loss
 
@@ -105,6 +107,11 @@ def _judged(call: dict, gradient) -> dict:
     kept = size.masked_fill(~trained, float("inf")).amin(-1, keepdim=True)
     read = (kept == size.amax(-1, keepdim=True)) & per_token  # a row's zeros are its mask's (not where it sent none)
     over, under = counted & ~trained & target, trained & ~counted & target
+    if "losses" in call:  # nor where all lie above or all below those it trains: a loss may drop them by their value
+        value, inf = call["losses"].reshape(shape).float(), float("inf")
+        above = value.masked_fill(~over, inf).amin() > value.masked_fill(~trained, -inf).amax()
+        below = value.masked_fill(~over, -inf).amax() < value.masked_fill(~trained, inf).amin()
+        read = read & ~(above | below)
     figures = {"no_gradient": ~sent, "no_mask": sent & call["no_mask"], "trains": (over & read).sum()}
     figures.update(skips=under.sum(), unread=(over & ~read).sum() * sent)
     shifted = torch.zeros(len(SHIFTS) - 1, dtype=torch.bool, device=counted.device)
@@ -140,7 +147,7 @@ def _trained(call: dict, where: str | None, gradient) -> None:
             for stream in (sys.stdout, sys.stderr):  # os._exit flushes nothing
                 with contextlib.suppress(Exception):
                     stream.flush()
-            _report()
+            _report(final=True)
             _exit(CONFIG["strict"])
 
 
@@ -166,11 +173,12 @@ def _caller() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}" if frame else "?"
 
 
-def _report():
+def _report(final: bool = False):
+    """Write what this process has counted for watch to read (`final`: its last word, at its end)."""
     if found:
         _settle(block=True)  # the counts read off their devices: the one synchronisation, never at a call
         report = {key: int(seen[key]) for key in COUNTS}
-        report.update(rank=os.environ.get("RANK"), pid=os.getpid(), where=seen.get("where"))
+        report.update(rank=os.environ.get("RANK"), pid=os.getpid(), where=seen.get("where"), final=final)
         path = os.path.join(HERE, str(os.getpid()))
         with contextlib.suppress(OSError):  # watch has ended, and its folder with it
             with open(path + ".tmp", "w") as out:
@@ -219,7 +227,7 @@ def _importing(*args, **kwargs):
 
 def _reported_then_default(signum, frame):
     """SIGTERM or SIGHUP where the job has no handler of its own: report, then end as that signal would."""
-    _report()
+    _report(final=True)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -232,8 +240,9 @@ def _forked():
 
 if __name__ == "sitecustomize":
     builtins.__import__ = _importing
-    atexit.register(_report)
-    os._exit = lambda code: (_report(), _exit(code))  # multiprocessing's children and forked ranks skip atexit
+    atexit.register(_report, final=True)
+    # multiprocessing's children and forked ranks skip atexit
+    os._exit = lambda code: (_report(final=True), _exit(code))
     os.register_at_fork(after_in_child=_forked)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is signal.SIG_DFL:  # a handler the job installs later replaces this one

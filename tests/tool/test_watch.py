@@ -47,9 +47,10 @@ NEVER_RAN = {
 
 
 NOT_FOUND = (
-    f"MTP loss calls: none seen (megatron-core's MTP loss found in 0 process(es), looked for {LOOKED_FOR}); "
+    f"no MTP loss call: megatron-core's MTP loss not seen imported (looked for {LOOKED_FOR}); "
     "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
 )
+NEVER_CALLED = "no MTP loss call: megatron-core's MTP loss imported in 1 process(es), never called with MTP on"
 
 
 @pytest.fixture
@@ -59,32 +60,43 @@ def env(tool_env, tmp_path):
     return dict(tool_env, TMPDIR=str(tmp_path / "tmp"))
 
 
-CASES = {  # argv after `watch`, the stand-in core (or none), exit code, what the one line says
-    "no command": ((), None, 2, "no command after --"),
-    "only --": (("--",), None, 2, "no command after --"),
-    "a command not found": (("--", "no-such-command-here"), None, 2, "no-such-command-here: command not found"),
-    "--steps 0": (("--steps", "0", "--", PY, "-c", "pass"), None, 2, "--steps 0: not a number of calls (1 or more)"),
-    "--steps x": (("--steps", "x", "--", PY, "-c", "pass"), None, 2, "argument --steps: invalid int value: 'x'"),
-    "a command that fails": (("--", PY, "-c", "raise SystemExit(3)"), None, 3, f"{PY} ended with exit code 3"),
-    "a command killed": (("--", PY, "-c", "import os; os.kill(os.getpid(), 9)"), None, 137, "killed by SIGKILL"),
-    "no megatron-core": (("--", PY, "-c", "pass"), None, 5, NOT_FOUND),
-    "a core whose MTP loss moved": (("--", PY, "-c", IMPORT_GPT), MOVED, 5, NOT_FOUND),
-    "a core without MTP": (("--", PY, "-c", IMPORT_GPT), WITHOUT_MTP, 5, NOT_FOUND),
-    "an MTP loss that never ran": (
-        ("--", PY, "-c", IMPORT_GPT),
-        NEVER_RAN,
-        5,
-        "none seen (megatron-core's MTP loss found in 1",
-    ),
+REFUSED = {  # argv after `watch`, exit code, what the one `error:` line says
+    "no command": ((), 2, "no command after --"),
+    "only --": (("--",), 2, "no command after --"),
+    "a command not found": (("--", "no-such-command-here"), 2, "no-such-command-here: command not found"),
+    "--steps 0": (("--steps", "0", "--", PY, "-c", "pass"), 2, "--steps 0: not a number of calls (1 or more)"),
+    "--steps x": (("--steps", "x", "--", PY, "-c", "pass"), 2, "argument --steps: invalid int value: 'x'"),
 }
 
 
-@pytest.mark.parametrize("name", CASES)
-def test_one_line_its_own_exit_code_and_nothing_left(cli, refused, env, tmp_path, name):
-    argv, files, code, words = CASES[name]
+@pytest.mark.parametrize("name", REFUSED)
+def test_bad_input_is_one_error_line_and_exit_2(cli, refused, env, tmp_path, name):
+    argv, code, words = REFUSED[name]
+    refused(cli("watch", *argv, env=env), code, words)
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+NO_CALL = {  # the job, the stand-in core (or none), exit code, how the one line ends
+    "a command that fails": ("raise SystemExit(3)", None, Exit.JOB_FAILED, f"; {PY} ended with exit code 3"),
+    "a command that exits 7": ("raise SystemExit(7)", None, Exit.JOB_FAILED, f"; {PY} ended with exit code 7"),
+    "a command killed": ("import os; os.kill(os.getpid(), 9)", None, 128 + 9, f"; {PY} was killed by SIGKILL"),
+    "no megatron-core": ("pass", None, Exit.FAILED, NOT_FOUND),
+    "a core whose MTP loss moved": (IMPORT_GPT, MOVED, Exit.FAILED, NOT_FOUND),
+    "a core without MTP": (IMPORT_GPT, WITHOUT_MTP, Exit.FAILED, NOT_FOUND),
+    "an MTP loss that never ran": (IMPORT_GPT, NEVER_RAN, Exit.FAILED, f"{NEVER_CALLED} (looked for {LOOKED_FOR})"),
+}
+
+
+@pytest.mark.parametrize("name", NO_CALL)
+def test_a_job_without_an_mtp_loss_call_is_one_line_never_exit_0(cli, env, tmp_path, name):
+    """No code of the table but its own: a command's 3 or 7 is not `check`'s 3 nor a finding's 7."""
+    job, files, code, words = NO_CALL[name]
     if files is not None:
         env = dict(env, **core(tmp_path / "core", files))
-    refused(cli("watch", *argv, env=env), code, words)
+    result = cli("watch", "--", PY, "-c", job, env=env)
+    assert (result.returncode, result.stderr) == (code, ""), result
+    assert result.stdout.startswith(f"mtp-mask-fix watch: {PY}: no MTP loss call: "), result.stdout
+    assert words in result.stdout, result.stdout
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
@@ -96,8 +108,9 @@ def test_the_users_sitecustomize_still_runs(cli, env, tmp_path):
     env["PYTHONPATH"] += os.pathsep + str(tmp_path / "site")
     code = f"{IMPORT_GPT}; import os, sitecustomize; print(os.environ['USER_SITE_RAN'], sitecustomize.__file__)"
     result = cli("watch", "--", PY, "-c", code, env=env)
-    assert result.stdout == f"1 {tmp_path / 'site' / 'sitecustomize.py'}\n", result.stderr
-    assert "none seen (megatron-core's MTP loss found in 1 process(es)" in result.stderr  # and watch's own ran too
+    ran, said = result.stdout.splitlines()
+    assert ran == f"1 {tmp_path / 'site' / 'sitecustomize.py'}", result.stderr
+    assert NEVER_CALLED in said  # and watch's own ran too
 
 
 def _watching(env: dict, tmp_path, job: str, written: str) -> subprocess.Popen:
@@ -163,7 +176,7 @@ def test_a_second_signal_ends_a_job_that_ignores_the_first(env, tmp_path):
 
 def report(rank: str | None, pid: int, **counts: int) -> dict:
     """A watched process's report: counts (the rest 0) of rank (None: a process without one)."""
-    return dict(dict.fromkeys(COUNTS, 0), rank=rank, pid=pid, where=None, **counts)
+    return dict(dict.fromkeys(COUNTS, 0), rank=rank, pid=pid, where=None, final=True, **counts)
 
 
 TRAINED = dict(calls=4, trained=4)
@@ -215,6 +228,22 @@ def test_nothing_judged_is_exit_5_unless_the_job_failed(counts):
     text, code = verdict("job", 0, [report("0", 10, **counts)])
     assert code == Exit.FAILED and text.endswith("; no call judged: none was trained with a gradient"), text
     assert verdict("job", -9, [report("0", 10, **counts)])[1] == 128 + 9
+    assert verdict("job", 5, [report("0", 10, **counts)])[1] == Exit.JOB_FAILED
+
+
+@pytest.mark.parametrize("code", [3, 5, 7])
+def test_a_right_job_that_fails_exits_8_whatever_its_code(code):
+    """The tool's own codes keep their meanings: a job's 7 is not a finding, its 3 not `check`'s."""
+    text, exit_code = verdict("job", code, [report("0", 10, **TRAINED)])
+    assert exit_code == Exit.JOB_FAILED, text
+    assert text.endswith(f": no finding; job ended with exit code {code}"), text
+
+
+def test_counts_a_process_killed_before_its_last_report_are_said_to_be_partial():
+    reports = [dict(report("0", 10, **TRAINED), final=False), report("1", 11, **TRAINED)]
+    text, code = verdict("job", -9, reports)
+    assert code == 128 + 9 and "; 1 process(es) ended without a last report (SIGKILL, a crash): " in text, text
+    assert "ended without a last report" not in verdict("job", 0, reports[1:])[0]
 
 
 TRAINS = {  # a stand-in MTP loss with the arguments core's has, passing the hidden states on as core's does

@@ -126,6 +126,16 @@ def grpo_loss(batch: dict, logits: torch.Tensor, clip: float = 0.2) -> torch.Ten
     return -(surrogate * mask).sum() / mask.sum()
 
 
+def truncated(losses: torch.Tensor, kept: float) -> torch.Tensor:
+    """Loss truncation: each per-token loss above the batch's `kept` quantile held there, so it sends no gradient."""
+    return losses.clamp(max=losses.detach().quantile(kept)).mean()
+
+
+def floored(losses: torch.Tensor, below: float) -> torch.Tensor:
+    """Tokens already learned skipped: each per-token loss under the batch's `below` quantile held there."""
+    return losses.clamp(min=losses.detach().quantile(below)).mean()
+
+
 @dataclasses.dataclass(frozen=True)
 class Loop:
     """A training loop: its batch, what it hands the model as loss_mask, its loss, and how it steps."""
@@ -172,6 +182,8 @@ RIGHT = {
     "packed rows, pad tail masked": Loop(packed),
     "2 MTP layers": Loop(sft, layers=2),
     "rl": Loop(rl, loss=grpo_loss),
+    "the highest losses dropped": Loop(lambda: pretraining(_text(3, 25)), loss=lambda batch, out: truncated(out, 0.5)),
+    "the lowest losses dropped": Loop(lambda: pretraining(_text(3, 25)), loss=lambda batch, out: floored(out, 0.25)),
 }
 UNJUDGED = {  # calls whose loss sends no gradient, or that no backward reaches: each would be wrong if it were judged
     "rl, every advantage zero": Loop(

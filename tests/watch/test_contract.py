@@ -23,8 +23,8 @@ COUNTS = "MTP loss calls trained {}, evaluated {}, not reached by a backward {}:
 
 
 def reported(folder: Path) -> dict:
-    """This process's report as watch reads it, written now."""
-    watched._report()
+    """This process's report as watch reads it, written now as at its end."""
+    watched._report(final=True)
     return json.loads((folder / f"{os.getpid()}.json").read_text())
 
 

@@ -237,6 +237,6 @@ def test_a_job_stopped_keeps_its_verdict(watched, request):
 @pytest.mark.slow
 @pytest.mark.parametrize("watched", ["exit 3"], indirect=True)
 def test_a_job_that_fails_after_masked_steps_prints_its_counts(watched):
-    assert (watched.code, watched.report, watched.left) == (3, {"job": (2, 0, 0, 0, 0)}, [])
+    assert (watched.code, watched.report, watched.left) == (Exit.JOB_FAILED, {"job": (2, 0, 0, 0, 0)}, [])
     assert watched.head.endswith(f"; {sys.executable} ended with exit code 3"), watched.head
     assert "against the contract" not in watched.head
