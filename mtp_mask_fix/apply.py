@@ -65,10 +65,7 @@ def _writer(target: Target, patches: list[Patch], wait: float):
 
 
 def _write(target: Target, after: dict[str, bytes], done: str, python: str | None) -> str:
-    """Give the files the bytes `after` under a journal, verify them with `python` and keep them; the line saying so.
-
-    On a failure or signal before the journal is closed the files are put back, and the refusal says so.
-    """
+    """Give the files the bytes `after` under a journal and verify them with `python`, or put them back; its line."""
     root = target.root
     for path in [root, *[where for rel in after for where in (root / rel, (root / rel).parent)]]:
         # Read-only by its mode (root writes anything, but the mode states intent) or by access(2).
