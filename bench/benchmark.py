@@ -1,6 +1,6 @@
 """Print the suite's time per tier, the tiny model's peak memory per rank, and its step-time ratios.
 
-    .venv/bin/python bench/benchmark.py [--tiers push all] [--rounds 5] [--steps 50]
+    .venv/bin/python bench/benchmark.py [--setup] [--tiers push all] [--rounds 5] [--steps 50]
 
 Run it after `./run setup` (warm). Each tier is one pytest session as `./run test` runs it: its wall time, and the
 CPU-seconds of its whole process tree (this process is a subreaper, so orphans count), which depend far less than
@@ -57,6 +57,21 @@ def tier(name: str) -> None:
     print("".join(f"  {line}\n" for line in slowest), end="", flush=True)
 
 
+def setup() -> None:
+    """Print the wall and CPU time of `./run setup` in a fresh clone of HEAD, uv's cache as it is (warm after a run)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO), tmp], check=True)
+        cpu, start = _children_cpu(), time.perf_counter()
+        done = subprocess.run([f"{tmp}/run", "setup"], capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        _reap_orphans()
+    said = [line for line in done.stderr.splitlines() if "compiled" in line or "ready in" in line]
+    print(
+        f"setup of a fresh clone: {wall:.1f} s wall, {_children_cpu() - cpu:.1f} CPU-s, exit {done.returncode}; {_load()}"
+    )
+    print("".join(f"  {line.strip()}\n" for line in said), end="", flush=True)
+
+
 def _run(mode: str, tree: Path, ranks: int, *args: str, watched: bool = False) -> list[dict]:
     """Each rank's payload of one worker run, under `mtp-mask-fix watch` if `watched`."""
     import torch
@@ -111,15 +126,21 @@ def ratios(rounds: int, steps: int) -> None:
 def main() -> None:
     """Measure and print; exit 0 whatever the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--setup", action="store_true", help="time `./run setup` in a fresh clone of HEAD first")
     parser.add_argument("--tiers", nargs="*", choices=TIERS, default=["push"], help="the tiers to time (push)")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the three arms")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds of the three arms (0: no model runs)"
+    )
     parser.add_argument("--steps", type=int, default=50, help="timed steps per run (their median is its figure)")
     args = parser.parse_args()
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come back to us
+    if args.setup:
+        setup()
     for name in args.tiers:
         tier(name)
-    memory()
-    ratios(args.rounds, args.steps)
+    if args.rounds:
+        memory()
+        ratios(args.rounds, args.steps)
     print(_load())
 
 

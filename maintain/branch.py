@@ -16,6 +16,7 @@ from mtp_mask_fix.check import fixed_how
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import UPSTREAM_TEST
 from mtp_mask_fix.targets import Target
 
 
@@ -44,7 +45,7 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     with tempfile.TemporaryDirectory() as worktree:  # detached: a killed run leaves no branch behind
         try:
             _git(target, "worktree", "add", "--quiet", "--detach", worktree, "HEAD", cwd=root, code=Exit.FAILED)
-            only = ["--include=src/*"] if verdict.src else []  # where upstream's test file moved on: said by check
+            only = ["--include=src/*"] if UPSTREAM_TEST not in verdict.rewrite else []  # its file moved on: check says
             _git(target, "am", "--quiet", "-s", *only, str(verdict.patch.path), cwd=worktree, code=Exit.FAILED)
             # --no-verify: a local pre-commit hook must not stop the amend of am's own commit; --reset-author:
             # the submitter authors the upstream commit (the mailbox's From is this repo's placeholder).
@@ -60,7 +61,7 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     except BaseException:
         git("branch", "--quiet", "-D", branch, cwd=root, check=False)
         raise
-    scope = " (source hunks only: upstream's test file has moved on)" if verdict.src else ""
+    scope = " (source hunks only: upstream's test file has moved on)" if UPSTREAM_TEST not in verdict.rewrite else ""
     said = f"{target.label}: branch {branch} holds the fix{scope}, signed off by you"
     return f"{said}; push it, and open the PR with upstream/pr-body.md"
 

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 from mtp_mask_fix import __version__, apply, check, journal, targets, watch
-from mtp_mask_fix.errors import Exit, ToolError, exit_table
+from mtp_mask_fix.errors import Exit, ToolError, doing, exit_table
 from mtp_mask_fix.journal import WAIT, lock
-from mtp_mask_fix.paths import PACKAGE
 from mtp_mask_fix.signals import SIGNALS, Interrupted, guard
 from mtp_mask_fix.verify import verify
 
@@ -44,51 +43,48 @@ class Parser(argparse.ArgumentParser):
 
 
 def interpreter(python: str) -> str:
-    """The absolute path of --python, which every "verified" line names."""
+    """The absolute path of --python, which every "verified" line names; refused where it cannot be run."""
     if (found := shutil.which(python)) is None:
-        raise ToolError(f"--python {python}: no such interpreter")
+        raise ToolError(f"--python {python}: no executable file of that name{'' if os.sep in python else ' on PATH'}")
     return os.path.abspath(found)
 
 
-def _target(args, python: str) -> targets.Target:
-    """TARGET as given, else the Megatron-Bridge that `python` finds wherever it runs (an editable one's checkout)."""
+def _target(args) -> targets.Target:
+    """TARGET as given, else the Megatron-Bridge that --python finds wherever it runs (an editable one's checkout)."""
     if args.target is not None:
         return targets.resolve(args.target)
+    python = interpreter(args.python)
     # Not the cwd's (what trains runs elsewhere), unless PYTHONPATH names it: then it imports it wherever it runs.
     code = "import os, sys, importlib.util as u; named = os.environ.get('PYTHONPATH', '').split(os.pathsep); "
     code += "sys.path = [p for p in sys.path if p and (p != os.getcwd() or p in named)]; "
     code += "print(u.find_spec('megatron.bridge').submodule_search_locations[0])"
-    found = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    with doing("running --python", python):
+        found = subprocess.run([python, "-c", code], capture_output=True, text=True)
     where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != ("megatron", "bridge"):
         raise ToolError(f"{python} imports no megatron.bridge; give --python the interpreter that trains, or a TARGET")
-    root = where.parent.parent
-    return targets.resolve(
-        str(root.parent if root.name == "src" and (root.parent / "src" / PACKAGE).is_dir() else root)
-    )
+    root = where.parent.parent  # an editable install's src/: its checkout is the TARGET
+    return targets.resolve(str(root.parent if root.name == "src" else root))
 
 
 def cmd_check(args) -> tuple[str, Exit]:
-    target = _target(args, interpreter(args.python))
+    target = _target(args)
     with lock(target.root, target.label):  # a running apply or revert finishes first
         verdict = check.check(target, check.candidates())
     return str(verdict), verdict.state.code
 
 
 def cmd_apply(args) -> tuple[str, Exit]:
-    python = interpreter(args.python)
-    target, patches = _target(args, python), check.candidates()
-    return apply.apply(target, patches, python=None if args.no_verify else python, wait=args.wait)
+    target, python = _target(args), None if args.no_verify else interpreter(args.python)
+    return apply.apply(target, check.candidates(), python=python, wait=args.wait)
 
 
 def cmd_revert(args) -> tuple[str, Exit]:
-    target = _target(args, interpreter(args.python))
-    return apply.revert(target, check.candidates(), wait=args.wait)
+    return apply.revert(_target(args), check.candidates(), wait=args.wait)
 
 
 def cmd_verify(args) -> tuple[str, Exit]:
-    python = interpreter(args.python)
-    target = _target(args, python)
+    target, python = _target(args), interpreter(args.python)
     with lock(target.root, target.label):
         if left := journal.left(target.root, check.touched(target, check.candidates())):
             raise ToolError(f"{target.label}: an interrupted run left {left}", Exit.FAILED)
@@ -101,7 +97,7 @@ def cmd_verify(args) -> tuple[str, Exit]:
 def cmd_status(args) -> tuple[str, Exit]:
     patches = check.candidates()  # the carried patch's block; judged as `check` judges, backports too
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
-    target = _target(args, interpreter(args.python))
+    target = _target(args)
     with lock(target.root, target.label):
         verdict = check.check(target, patches)
     return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
@@ -133,16 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
     reads = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
-    wait = dict(
-        metavar="SECONDS", type=seconds, default=WAIT, help=f"while another writes TARGET (default {WAIT:.0f})"
-    )
+    wait = dict(metavar="SECONDS", type=seconds, default=WAIT, help=f"while another holds TARGET (default {WAIT:.0f})")
     command(cmd_check, "applies / already applied (or fixed another way) / drifted", reads)
     p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", trains)
     p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
     p.add_argument("--wait", **wait)
-    command(
-        cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads
-    ).add_argument("--wait", **wait)
+    p = command(cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads)
+    p.add_argument("--wait", **wait)
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", reads)
     p = sub.add_parser("watch", help="run CMD as it is: does megatron-core's MTP loss train on what it assumes?")
@@ -165,10 +158,10 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
             reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
             text, code = f"mtp-mask-fix: error: {' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", Exit.FAILED
-        except OSError as exc:  # the file system refused what no check foresaw: said, never a traceback
-            text, code = f"mtp-mask-fix: error: {exc}", Exit.FAILED
+        except OSError as exc:  # apply and revert say what they left themselves: here, nothing was changed
+            text, code = f"mtp-mask-fix: error: {exc}; nothing changed", Exit.FAILED
         except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
-            text, code = f"mtp-mask-fix: error: interrupted by {exc.name}: nothing changed", exc.code
+            text, code = f"mtp-mask-fix: error: {exc}: nothing changed", exc.code
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the outcome stands: a signal from here on is not delivered
     print(text, file=out, end="\n" if text else "")
     sys.exit(int(code))

@@ -1,5 +1,6 @@
 """The exit codes every command of the tool shares, and the one error type for every refusal."""
 
+import contextlib
 from enum import IntEnum
 
 
@@ -14,9 +15,9 @@ class Exit(IntEnum):
     OK = 0, "done; `check`, `status`: the patch applies (the bug is present); `apply`: fixed (and verified)"
     USAGE = 2, "bad input or environment, refused before any work (not Megatron-Bridge, read-only, local edits, ...)"
     ALREADY_APPLIED = 3, "`check`, `status`: already fixed, by this patch or another way; nothing to apply"
-    DRIFTED = 4, "the patch no longer applies: upstream's text changed"
-    FAILED = 5, "the probe failed or could not run, `watch` judged no MTP loss call, or a killed run left files"
-    BUSY = 6, "another mtp-mask-fix process held the target for longer than the wait: nothing changed"
+    DRIFTED = 4, "the patch no longer applies, or not where the model call gets its arguments: upstream's text changed"
+    FAILED = 5, "the probe failed or could not run, an OS error, a killed run's files; `watch` judged no MTP loss call"
+    BUSY = 6, "the target's lock was not free within the wait (another process held it): nothing changed"
     UNMASKED = 7, "`watch`: MTP loss trained against its contract: no mask, not the loss's positions, labels shifted"
     JOB_FAILED = 8, "`watch`: the command exited non-zero (its code on the line); no call was against the contract"
     INTERRUPTED = 128, "128 + n: signal n to the tool or `watch`'s command (130 SIGINT, 143 SIGTERM, 137 SIGKILL)"
@@ -30,8 +31,17 @@ def exit_table(markdown: bool = True) -> str:
 
 
 class ToolError(Exception):
-    """A refusal with a one-line reason and an exit code; raised before any file is changed."""
+    """A refusal with a one-line reason and an exit code; raised before any file is changed, or saying what was."""
 
     def __init__(self, message: str, code: Exit = Exit.USAGE):
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def doing(what: str, path):
+    """Have an OSError inside say what the tool was doing, on which path, and why (the command says what it left)."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(f"{what} {path}: {exc.strerror or exc}") from None

@@ -7,12 +7,12 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.errors import Exit, ToolError, doing
 
 
 JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET while a write is unfinished: each file as it was, what replaces it
@@ -34,14 +34,15 @@ def temp(path: Path) -> Path:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Give path the bytes `data` in one rename, keeping an existing file's mode."""
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
-    with open(temp(path), "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.chmod(temp(path), mode)
-    os.replace(temp(path), path)
+    """Give path the bytes `data` in one rename, keeping an existing file's mode; an OS error leaves it as it was."""
+    with doing("writing", path):  # a failed one leaves its temporary file to recover()
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o644
+        with open(temp(path), "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp(path), mode)
+        os.replace(temp(path), path)
 
 
 @contextlib.contextmanager
@@ -56,7 +57,8 @@ def scratch():
             finally:
                 os.close(fd)
     while True:  # made, then locked: a sweep in between removes it, and it is made again
-        path = Path(tempfile.mkdtemp(prefix=SCRATCH))
+        with doing("making a temporary folder in", tempfile.gettempdir()):
+            path = Path(tempfile.mkdtemp(prefix=SCRATCH))
         with contextlib.suppress(FileNotFoundError):
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -71,46 +73,40 @@ def scratch():
 
 
 @contextlib.contextmanager
-def lock(root: Path, label: str, *, wait: float = WAIT, unless=None):
-    """Hold flock(2) on TARGET's folder, a reader's, or with `unless` a writer's; yields None or `unless()`'s answer.
+def lock(root: Path, label: str, *, exclusive: bool = False, wait: float = WAIT):
+    """Hold flock(2) on TARGET's folder, shared to read it or exclusive to check and write it; yields its unlock."""
+    # A waiter sleeps in the kernel's queue and takes the lock once it is free; SIGALRM tells a person still waiting
+    # after 2 s why, and ends the wait. The lock leaves no file behind and goes with its process, however it ends.
 
-    `unless()` runs under a reader's lock whenever the writer's cannot be had; its answer, if not None, ends the wait.
-    The lock leaves no file behind and goes with its process, however it ends; after `wait` seconds it is refused.
-    """
-    fd, deadline, said = os.open(root, os.O_RDONLY | os.O_DIRECTORY), time.monotonic() + wait, False
+    def alarm(signum, frame):
+        if said or wait <= 2:
+            raise TimeoutError
+        print(f"mtp-mask-fix: waiting for the lock on {label}, which another process holds", file=sys.stderr)
+        said.append(True)
 
-    def got(kind: int) -> bool:
-        try:
-            return fcntl.flock(fd, kind | fcntl.LOCK_NB) is None
-        except BlockingIOError:
-            return False
-
+    with doing("locking", root):
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    said, previous = [], signal.signal(signal.SIGALRM, alarm)
     try:
-        while True:
-            if got(fcntl.LOCK_SH):
-                if unless is None or (answer := unless()) is not None:
-                    break
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            if unless is not None and got(fcntl.LOCK_EX):
-                answer = None
-                break
-            if time.monotonic() >= deadline:
-                held = f"another mtp-mask-fix process held it for the whole wait ({wait:.0f} s)"
-                raise ToolError(f"{label}: {held}; nothing changed: run it again once that one ends", Exit.BUSY)
-            if not said and time.monotonic() >= deadline - wait + 2:  # a person waiting learns why
-                print(f"mtp-mask-fix: waiting for another mtp-mask-fix process on {label}", file=sys.stderr)
-                said = True
-            time.sleep(0.05)
-        yield answer if unless else None
+        try:
+            signal.setitimer(signal.ITIMER_REAL, min(wait, 2), max(wait - 2, 0))
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
+        except (TimeoutError, BlockingIOError):  # even had just before the alarm: closing fd frees it
+            held = f"its lock was not free within {wait:g} s (another process held it)"
+            raise ToolError(f"{label}: {held}; nothing changed: run it again once that one ends", Exit.BUSY) from None
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        yield lambda: fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
 
 
-def write(root: Path, release: str, before: dict[str, bytes], after: dict[str, bytes]) -> None:
-    """Write the journal of a write about to replace `before` by `after` in a TARGET holding `release`."""
-    files = {
-        rel: {"before": base64.b64encode(data).decode(), "after": digest(after[rel])} for rel, data in before.items()
-    }
+def write(root: Path, release: str, after: dict[str, bytes]) -> None:
+    """Write the journal of a write about to give the files the bytes `after` in a TARGET holding `release`."""
+    with doing("reading", root):
+        before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
+    files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
     write_atomic(root / JOURNAL, json.dumps({"release": release, "files": files}).encode())
 
 
@@ -179,12 +175,13 @@ def recover(root: Path, label: str, release: str, files: list[str]) -> str:
     for rel, (before, _) in entries.items():
         if _now(root, rel) != before:
             write_atomic(root / rel, before)
-    for path in _leftovers(root, [*files, *entries]):
-        path.unlink(missing_ok=True)
-    (root / JOURNAL).unlink(missing_ok=True)
+    for path in [*_leftovers(root, [*files, *entries]), root / JOURNAL]:
+        with doing("removing", path):
+            path.unlink(missing_ok=True)
     return said or ""
 
 
 def close(root: Path) -> None:
     """Remove the journal of a whole write."""
-    (root / JOURNAL).unlink()
+    with doing("removing", root / JOURNAL):
+        (root / JOURNAL).unlink()

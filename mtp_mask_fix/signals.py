@@ -14,7 +14,7 @@ class Interrupted(BaseException):
 
     def __init__(self, signum: int):
         self.name, self.code = signal.Signals(signum).name, Exit.INTERRUPTED + signum
-        super().__init__(self.name)
+        super().__init__(f"interrupted by {self.name}")
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from mtp_mask_fix import probe
+from mtp_mask_fix.errors import doing
 from mtp_mask_fix.paths import is_gpt_step_of
 from mtp_mask_fix.targets import Target
 
@@ -20,22 +21,15 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
     # the target's. The probe ends with this process, however it ends.
     path = os.pathsep.join(filter(None, [str(target.import_root), os.environ.get("PYTHONPATH")]))
     run, env = [python, "-c", Path(probe.__file__).read_text()], dict(os.environ, PYTHONPATH=path)
-    result = subprocess.run(
-        run,
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=target.import_root,
-        preexec_fn=partial(_ends_with, os.getpid()),
-    )
+    ends = partial(_ends_with, os.getpid())
+    with doing("running", python):
+        result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=target.import_root, preexec_fn=ends)
     lines = result.stdout.strip().splitlines()
     if result.returncode != 0 or not lines:  # in the user's terms: the interpreter lacks what trains, or a probe bug
         error = (result.stderr.strip().splitlines() or ["no output"])[-1]
         if re.search(r"ModuleNotFoundError|ImportError|No module named", error):
-            return (
-                False,
-                f"it cannot import what {target.label} needs ({error}); give --python the interpreter that trains",
-            )
+            needs = f"it cannot import what {target.label} needs ({error})"
+            return False, f"{needs}; give --python the interpreter that trains"
         return False, f"the probe of {target.label}'s forward_step failed ({error}); please report it"
     try:
         found = json.loads(lines[-1])

@@ -11,7 +11,7 @@ Two test sets are held to it, each on its own:
   The upstream-bound tests need not catch the wrong fixes in UPSTREAM_BLIND: nothing upstream gives a reason to fear
   them, so they are the fork's unit tests' alone.
 
-Each variant rewrites the fix (a regex edit that must match exactly once) and runs the tests with that tree first on
+Tests of the tests, so in `--all` only. Each variant rewrites the fix (a regex edit that must match exactly once) and runs the tests with that tree first on
 the import path; all sessions are forked from one warm process. Each session also runs `verify`'s behaviour probe
 (tests/support/probe_session.py), whose verdict per variant is pinned here apart from both test sets.
 """
@@ -29,6 +29,9 @@ from maintain.trees import materialise
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST
 from tests.support import sessions
+
+
+pytestmark = pytest.mark.slow
 
 
 GATE = r"    if use_mtp:\n"
@@ -223,7 +226,6 @@ def upstream(upstream_checkout, pytestconfig):
     return row.touched, run_variants(patched, FIXED_FILE, row.patched, WORK / "upstream-variants", python)
 
 
-@pytest.mark.slow
 class TestUpstreamBoundTestsAreAsTight:
     """The tests the patch adds to upstream's test_gpt_step.py catch every wrong fix but UPSTREAM_BLIND on their own."""
 

@@ -3,7 +3,7 @@ PHASE, so that a test can signal or kill it there. At that moment it writes MARK
 
 The tool carries no test hook. This module wraps the functions `apply` calls, and a phase is a state of the target.
 It is read only outside a held (signal-blocked) write, as a signal at that moment would find it:
-- checked: the new bytes are made, nothing is written;
+- checked: the verdict holds the new bytes, nothing is written;
 - journaled: the journal is written, the file is as before;
 - replaced: the journal is written, the file is patched;
 - verified: the probe has answered;
@@ -30,14 +30,15 @@ def pause(phase: str) -> None:
     """Once: the rollback after a signal may find the target in the same state again."""
     if phase == PHASE and not Path(MARKER).exists():
         Path(MARKER).write_text(f"{os.getpid()}\n")
-        time.sleep(120)
+        time.sleep(3600)  # until the test's signal or kill
 
 
-def new_bytes(verdict, _real=apply._new_bytes, **kwargs):
-    after = _real(verdict, **kwargs)
-    FILES.update(root=verdict.target.root, after=after)
-    pause("checked")
-    return after
+def check(target, patches, _real=apply.check):
+    verdict = _real(target, patches)
+    if after := verdict.rewrite:
+        FILES.update(root=target.root, after=after)
+        pause("checked")
+    return verdict
 
 
 @contextlib.contextmanager
@@ -62,5 +63,5 @@ def mkdtemp(*args, _real=tempfile.mkdtemp, **kwargs):
     return made
 
 
-apply._new_bytes, apply.held, apply.verify, tempfile.mkdtemp = new_bytes, held, verify, mkdtemp
+apply.check, apply.held, apply.verify, tempfile.mkdtemp = check, held, verify, mkdtemp
 cli.main(ARGV)

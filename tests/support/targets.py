@@ -4,15 +4,20 @@ run time, and the tool run as a user runs it (a pytest plugin: tests/conftest.py
 No upstream code is committed here. gpt_step.py is copied from the pinned PyPI release (downloaded and cached by
 `mtp_mask_fix.targets.release`); upstream's tests/unit_tests/training/test_gpt_step.py is synthesized from the
 patch's own hunks for that file (their context and removed lines, the only upstream lines we carry).
-These tests never import torch or megatron: they run the tool as a user does.
+These tests never import torch or megatron: they run the tool's command line as a user does, in this process
+(`cli`), or in a process of its own where a test signals or kills it.
 """
 
 import base64
 import hashlib
+import io
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from unidiff import PatchSet
 
 from maintain.repo import REPO, patch_file, pins, release_lines
 from maintain.repo import release as release_target
+from mtp_mask_fix.cli import main as tool_main
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import FIXED_FILE as FIXED
 from mtp_mask_fix.paths import UPSTREAM_TEST
@@ -118,18 +124,27 @@ def tool_env(home) -> dict:
 
 
 @pytest.fixture
-def cli(tool_env, tmp_path):
-    """Run `python -m mtp_mask_fix ARGS` from tmp_path (or cwd); returns the CompletedProcess."""
+def cli(tool_env, tmp_path, monkeypatch):
+    """Run `mtp-mask-fix ARGS` from tmp_path (or cwd) with `env` (or tool_env) as its whole environment, in this
+    process (a start-up costs more than most commands) but `watch`, whose job prints too; returns what it exited with
+    and printed, as subprocess.run."""
 
     def run(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "mtp_mask_fix", *map(str, args)],
-            cwd=cwd or tmp_path,
-            env=env or tool_env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        if args[:1] == ("watch",):
+            command = [sys.executable, "-m", "mtp_mask_fix", *map(str, args)]
+            return subprocess.run(command, cwd=cwd or tmp_path, env=env or tool_env, capture_output=True, text=True)
+        out, err, mask = io.StringIO(), io.StringIO(), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        with monkeypatch.context() as patched, redirect_stdout(out), redirect_stderr(err):
+            patched.chdir(cwd or tmp_path)
+            for key in os.environ:
+                patched.delenv(key)
+            for key, value in (env or tool_env).items():
+                patched.setenv(key, value)
+            patched.setattr(tempfile, "tempdir", None)  # $TMPDIR as `env` says
+            with pytest.raises(SystemExit) as done:
+                tool_main(list(map(str, args)))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # main() blocks signals as it exits
+        return subprocess.CompletedProcess(args, done.value.code, out.getvalue(), err.getvalue())
 
     return run
 
@@ -324,12 +339,16 @@ def start_paused(tool_env, tmp_path, phase, *args):
         stderr=subprocess.PIPE,
         text=True,
     )
-    for _ in range(600):
-        if marker.exists() or proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    assert marker.exists(), proc.communicate()
+    assert wait_until(marker.exists, proc), proc.communicate()
     return proc
+
+
+def wait_until(done, proc: subprocess.Popen | None = None, *, timeout: float = 600) -> bool:
+    """Whether `done()` came true before `proc` (if given) ended: polled, with a bound no loaded machine reaches."""
+    deadline = time.monotonic() + timeout
+    while not done() and (proc is None or proc.poll() is None) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return done()
 
 
 def changed_lines(patch_set: PatchSet) -> dict[str, list[tuple[str, str]]]:

@@ -52,7 +52,30 @@ CASES = {
     "an interpreter naming no bridge": Case(
         "installed", "python /", ("status", "--python", "PY"), 2, ("{PY} imports", "give --python")
     ),
-    "no such interpreter": Case("installed", "", ("check", "--python", "no-such-python"), 2, ("no such interpreter",)),
+    "no such interpreter": Case(
+        "installed", "", ("check", "--python", "no-such-python"), 2, ("no executable file of that name on PATH",)
+    ),
+    "an interpreter it may not run": Case(
+        "installed",
+        "python not executable",
+        ("verify", "--python", "PY", "TARGET"),
+        2,
+        ("--python {PY}: no executable file of that name",),
+    ),
+    "a folder as the interpreter": Case(
+        "installed",
+        "python folder",
+        ("apply", "--python", "PY", "TARGET"),
+        2,
+        ("--python {PY}: no executable file of that name",),
+    ),
+    "an interpreter no system can run": Case(
+        "installed",
+        "python no format",
+        ("verify", "--python", "PY", "TARGET"),
+        5,
+        ("running {PY}: Exec format error; nothing changed",),
+    ),
     "an interpreter without torch": Case(
         "installed", "python no torch", ("verify", "--python", "PY", "TARGET"), 5, ("not verified with {PY}", "torch")
     ),
@@ -116,6 +139,16 @@ def broken(request, tmp_path, edit):
         python = fake_python(tmp_path, "python", "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1")
     elif what == "python hello":
         python = fake_python(tmp_path, "python", "echo hello")
+    elif what == "python not executable":
+        python = fake_python(tmp_path, "python", "echo hello")
+        python.chmod(0o644)
+    elif what == "python folder":
+        python = tmp_path / "bin"
+        python.mkdir()
+    elif what == "python no format":
+        python = tmp_path / "python"
+        python.write_bytes(b"\x7fELF not really\n")
+        python.chmod(0o755)
     yield root, python, env
     for path in (tree.gpt_step.parent, tree.root):
         if path.exists() and not path.is_symlink():
@@ -158,6 +191,14 @@ class TestNotRefused:
         site_packages.gpt_step.symlink_to(real)
         assert cli("check", site_packages.root).returncode == 3
         assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+
+    @pytest.mark.parametrize("command", [("check",), ("status",), ("apply", "--no-verify"), ("revert",)])
+    def test_an_interpreter_a_command_never_runs(self, cli, site_packages, command):
+        """With a TARGET, these never run --python: a bad one is no reason to refuse them."""
+        if command == ("revert",):
+            assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+        result = cli(*command, "--python", "/no/such/python", site_packages.root)
+        assert result.returncode in (0, 3) and result.stderr == "", result.stderr
 
     @pytest.mark.parametrize("entry", ["", ".", "../outside.txt", "megatron/../../outside.txt", "megatron", "no/x.py"])
     def test_a_journal_naming_no_file_inside_target(self, cli, site_packages, entry):

@@ -7,10 +7,15 @@ import sys
 
 import pytest
 
-from mtp_mask_fix.check import fix_present
+from maintain.repo import REPO
+from maintain.repo import release as release_target
+from mtp_mask_fix.check import why_not_fixed
+from mtp_mask_fix.patch import Patch
 from tests.support.targets import (
+    BACKPORT_FILE,
     CONTEXT,
     EQUIVALENT_FIX,
+    FIXED,
     LABELS,
     PATCH_FILE,
     REGION_EDIT,
@@ -62,7 +67,9 @@ class TestCheckStates:
         )
         assert cli("apply", "--no-verify", checkout.root).returncode == 0
         assert checkout.gpt_step.read_text() == patched_gpt_step and checkout.upstream_test.read_bytes() == tests
-        assert f"already applied (source hunks only, {PATCH_FILE})" in verdict(cli("check", checkout.root), 3)
+        assert "already applied (source hunks only; upstream's tests left out" in verdict(
+            cli("check", checkout.root), 3
+        )
         assert cli("revert", checkout.root).returncode == 0
         assert "the patch applies" in verdict(cli("check", checkout.root), 0)
 
@@ -128,6 +135,76 @@ class TestNestedTree:
 
 
 MODEL_CALL = "            output_tensor = model(**forward_args)\n"
+FORWARD_ARGS = (
+    "    forward_args = {\n",
+    '        forward_args["packed_seq_params"] = get_packed_seq_params(packed_seq_metadata)\n',
+)
+
+
+def _moved_into_a_helper(text: str) -> str:
+    """forward_args built by a new helper, the patch's context lines with it, away from the model call."""
+    start, end = text.index(FORWARD_ARGS[0]), text.index(FORWARD_ARGS[1]) + len(FORWARD_ARGS[1])
+    call = (
+        "    forward_args = _forward_args(tokens, position_ids, attention_mask, labels, packed_seq_metadata, config)\n"
+    )
+    helper = "def _forward_args(tokens, position_ids, attention_mask, labels, packed_seq_metadata, config):\n"
+    helper += text[start:end] + "    return forward_args\n\n\n"
+    text = text[:start] + call + text[end:]
+    return text.replace("def _forward_step_common(", helper + "def _forward_step_common(", 1)
+
+
+def _a_second_model_call(text: str) -> str:
+    """A new helper above, with the same forward_args block and its own model call."""
+    start, end = text.index(FORWARD_ARGS[0]), text.index(FORWARD_ARGS[1]) + len(FORWARD_ARGS[1])
+    helper = "def _forward_eval(model, tokens, position_ids, attention_mask, labels, packed_seq_metadata, config):\n"
+    helper += text[start:end] + "    return model(**forward_args)\n\n\n"
+    return text.replace("def _forward_step_common(", helper + "def _forward_step_common(", 1)
+
+
+def test_a_drift_on_an_older_line_is_named_by_its_backport(cli, tmp_path):
+    """On a 0.5 tree the drift is git's word on the backport's hunk (its line), not on the carried patch's."""
+    root = tmp_path / "Megatron-Bridge-0.5.1"
+    (root / FIXED).parent.mkdir(parents=True)
+    text = release_target("0.5.1").fixed_file.read_text().replace(CONTEXT, REGION_EDIT, 1)
+    (root / FIXED).write_text(text)
+    (hunk,) = [hunk for f in Patch.load(REPO / BACKPORT_FILE).files if f.path == FIXED for hunk in f]
+    line = verdict(cli("check", root), 4)
+    assert f"drifted: {BACKPORT_FILE}: error: patch failed: {FIXED}:{hunk.source_start};" in line
+    assert line.endswith(f", at {FIXED}:{text[: text.index(REGION_EDIT)].count(chr(10)) + 1} of this tree")
+
+
+class TestUpstreamMovedOn:
+    """Upstream renames the function, moves the hunk's lines, adds a helper: the tool agrees with itself."""
+
+    def test_a_renamed_function_is_applied_then_already_applied(self, cli, edit, site_packages):
+        edit(site_packages, site_packages.gpt_step, "def _forward_step_common(", "def _forward_step_shared(")
+        assert "the patch applies" in verdict(cli("check", site_packages.root), 0)
+        assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+        assert "already applied" in verdict(cli("check", site_packages.root), 3)
+        again = cli("apply", "--no-verify", site_packages.root)
+        assert (again.returncode, again.stderr) == (0, "") and "already fixed" in again.stdout
+
+    @pytest.mark.parametrize(
+        ("change", "moved"),
+        [
+            (_moved_into_a_helper, "`forward_args = _forward_args(tokens, "),
+            (_a_second_model_call, "`return model(**forward_args)` gets no loss_mask"),
+        ],
+        ids=["hunk moved into a helper", "a second model call"],
+    )
+    def test_a_hunk_away_from_the_model_call_is_refused_up_front(
+        self, cli, refused, snapshot, site_packages, change, moved
+    ):
+        """The patch would apply, but not where the model call gets its arguments: exit 4 before any write, naming
+        the line that moved."""
+        site_packages.gpt_step.write_text(change(site_packages.gpt_step.read_text()))
+        before = snapshot(site_packages.root)
+        said = verdict(cli("check", site_packages.root), 4)
+        assert moved in said
+        assert refused(cli("apply", "--no-verify", site_packages.root), 4) == f"mtp-mask-fix: error: {said}"
+        assert snapshot(site_packages.root) == before
+
+
 OVERRIDES = [
     'forward_args["loss_mask"] = torch.ones_like(loss_mask)',
     'forward_args["loss_mask"] = None',
@@ -135,81 +212,145 @@ OVERRIDES = [
 ]
 
 
-@pytest.mark.parametrize("where", ["after the fix's line", "at the model call"])
-def test_a_patched_target_whose_mask_is_overridden_is_not_fixed(cli, edit, site_packages, release_gpt_step, where):
-    """apply, then a line that hands the model another mask: check and status refuse it as a local edit (exit 2),
-    never fixed (exit 3); revert takes the patch out and leaves that line where it stands."""
+# Lines after the fix, at the model call, that change or may change the mask it receives; what check says of them.
+AFTER_THE_FIX = {
+    "another mask": ('forward_args["loss_mask"] = torch.ones_like(loss_mask)', "hands the model something else"),
+    "del": ('del forward_args["loss_mask"]', "does what check cannot follow"),
+    "pop": ('forward_args.pop("loss_mask", None)', "does what check cannot follow"),
+    "a key in a variable": ("forward_args[key] = torch.ones_like(loss_mask)", "does what check cannot follow"),
+}
+
+
+@pytest.mark.parametrize("case", AFTER_THE_FIX)
+def test_a_line_after_the_fix_that_changes_the_mask_is_not_fixed(
+    cli, refused, edit, site_packages, release_gpt_step, case
+):
+    """check and status name that line and point to verify (exit 2), never "fixed" (exit 3); apply refuses it the same
+    way; revert takes the patch out and leaves the line where it stands."""
     assert cli("apply", "--no-verify", site_packages.root).returncode == 0
-    fix, override = '        forward_args["loss_mask"] = loss_mask\n', f"    {OVERRIDES[0]}\n"
-    old = fix if where == "after the fix's line" else MODEL_CALL
-    new = fix + override if old == fix else f"        {override}{old}"
-    edit(site_packages, site_packages.gpt_step, old, new, commit=False)
-    text = site_packages.gpt_step.read_text()
-    line = text[: text.index(new) + len(new)].count("\n") - (old == MODEL_CALL)  # the override's
-    said = {
-        "after the fix's line": f"local edits in the patch's region (megatron/bridge/training/gpt_step.py:{line})",
-        "at the model call": "but a later line hands the model another loss_mask",
-    }[where]
+    code, said = AFTER_THE_FIX[case]
+    before = '            key = "loss_mask"\n' if "key" in code else ""
+    edit(site_packages, site_packages.gpt_step, MODEL_CALL, f"{before}            {code}\n{MODEL_CALL}", commit=False)
+    line = site_packages.gpt_step.read_text().split(MODEL_CALL)[0].count("\n")  # the line before the call
+    where = f"megatron/bridge/training/gpt_step.py:{line} `{code}` {said}"
     for command in ("check", "status"):
         result = cli(command, site_packages.root)
-        assert result.returncode == 2 and said in result.stdout.splitlines()[-1], result.stdout
-    if where == "at the model call":  # outside the hunk: revert gives the bytes before the patch, that line kept
-        assert cli("revert", site_packages.root).returncode == 0
-        assert site_packages.gpt_step.read_text() == release_gpt_step.replace(old, new)
+        assert result.returncode == 2, (result.stdout, result.stderr)
+        assert where in result.stdout.splitlines()[-1] and "`mtp-mask-fix verify`" in result.stdout, result.stdout
+    assert where in refused(cli("apply", "--no-verify", site_packages.root), 2)
+    assert cli("revert", site_packages.root).returncode == 0  # outside the hunk: that line is kept
+    assert site_packages.gpt_step.read_text() == release_gpt_step.replace(
+        MODEL_CALL, f"{before}            {code}\n{MODEL_CALL}"
+    )
 
 
-class TestFixPresent:
-    """fix_present recognises the fix by what the code does, not by our exact lines."""
+def test_a_line_after_the_fix_in_its_region_is_a_local_edit(cli, edit, site_packages):
+    """Next to the fix's own line the patch no longer reverses: a local edit of the installed files, at its line."""
+    assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+    fix = '        forward_args["loss_mask"] = loss_mask\n'
+    edit(site_packages, site_packages.gpt_step, fix, fix + f"    {OVERRIDES[0]}\n", commit=False)
+    line = site_packages.gpt_step.read_text().split(fix)[0].count("\n") + 2
+    for command in ("check", "status"):
+        result = cli(command, site_packages.root)
+        assert result.returncode == 2
+        assert f"local edits in the patch's region (megatron/bridge/training/gpt_step.py:{line})" in result.stdout
+
+
+class TestWhyNotFixed:
+    """why_not_fixed recognises the fix by what the code does, not by our exact lines; else it names the line."""
 
     def test_release_has_no_fix(self, release_gpt_step):
         # The release passes loss_mask only to build_schedule_plan, which does not count.
         assert "loss_mask=loss_mask" in release_gpt_step
-        assert not fix_present(release_gpt_step)
+        assert why_not_fixed(release_gpt_step)
 
     def test_our_patch(self, patched_gpt_step):
-        assert fix_present(patched_gpt_step)
+        assert not why_not_fixed(patched_gpt_step)
 
     def test_dict_entry_without_our_comment(self, release_gpt_step):
-        assert fix_present(release_gpt_step.replace(LABELS, EQUIVALENT_FIX))
+        assert not why_not_fixed(release_gpt_step.replace(LABELS, EQUIVALENT_FIX))
 
     def test_keyword_at_the_model_call(self, release_gpt_step):
         fixed = release_gpt_step.replace("model(**forward_args)", "model(**forward_args, loss_mask=loss_mask)")
         assert fixed != release_gpt_step
-        assert fix_present(fixed)
+        assert not why_not_fixed(fixed)
 
     def test_a_copy_of_the_mask(self, release_gpt_step):
         copy = '        "loss_mask": None if loss_mask is None else loss_mask.clone(),\n    }'
-        assert fix_present(release_gpt_step.replace(LABELS, LABELS.replace("    }", copy)))
+        assert not why_not_fixed(release_gpt_step.replace(LABELS, LABELS.replace("    }", copy)))
 
     def test_item_assignment_into_forward_args(self, release_gpt_step):
         """`forward_args["loss_mask"] = loss_mask` hands the mask to the model just the same ."""
         marker = "    # Add packed sequence support\n"
         fixed = release_gpt_step.replace(marker, '    forward_args["loss_mask"] = loss_mask\n\n' + marker)
-        assert fix_present(fixed)
+        assert not why_not_fixed(fixed)
 
     @pytest.mark.parametrize(
         "value", ["None", "torch.ones_like(loss_mask)", "loss_mask.roll(-1, -1)", "labels", "loss_mask[:, 1:]"]
     )
     def test_a_tensor_that_is_not_the_batchs_mask_is_not_the_fix(self, release_gpt_step, value):
-        assert not fix_present(
+        assert why_not_fixed(
             release_gpt_step.replace(LABELS, LABELS.replace("    }", f'        "loss_mask": {value},\n    }}'))
         )
 
     @pytest.mark.parametrize("override", OVERRIDES)
     def test_a_later_word_on_the_mask_overrides_the_fix(self, patched_gpt_step, override):
         """What the model receives is the last word on loss_mask before the call, not the first."""
-        assert fix_present(patched_gpt_step)
-        assert not fix_present(patched_gpt_step.replace(MODEL_CALL, f"            {override}\n{MODEL_CALL}"))
+        assert not why_not_fixed(patched_gpt_step)
+        assert why_not_fixed(patched_gpt_step.replace(MODEL_CALL, f"            {override}\n{MODEL_CALL}"))
 
     def test_the_mask_as_the_last_word_after_a_none_is_the_fix(self, release_gpt_step):
         fixed = release_gpt_step.replace(LABELS, EQUIVALENT_FIX.replace(": loss_mask", ": None"))
-        assert not fix_present(fixed)
-        assert fix_present(
+        assert why_not_fixed(fixed)
+        assert not why_not_fixed(
             fixed.replace(MODEL_CALL, f'            forward_args["loss_mask"] = loss_mask\n{MODEL_CALL}')
         )
 
     def test_a_file_that_does_not_parse_is_not_the_fix(self):
-        assert not fix_present("def _forward_step_common(:\n")
+        assert why_not_fixed("def _forward_step_common(:\n", "gpt_step.py") == "gpt_step.py:1 does not parse"
+
+    @pytest.mark.parametrize(
+        "use",
+        [
+            'del forward_args["loss_mask"]',
+            'forward_args.pop("loss_mask", None)',
+            "forward_args[key] = torch.ones_like(loss_mask)",
+            'forward_args["loss_mask"].mul_(0)',
+            'forward_args["loss_mask"] += 1',
+            "forward_args.update(extra)",
+            'forward_args.setdefault("loss_mask", None)',
+            "forward_args.clear()",
+            "forward_args = dict(forward_args)",
+            "_strip(forward_args)",
+            "output_tensor = model(**forward_args, **extra)",
+        ],
+    )
+    def test_a_use_after_the_fix_it_cannot_follow_is_named_not_fixed(self, patched_gpt_step, use):
+        """Any other use of forward_args after the fix leaves it unshown: the line is named, never "fixed"."""
+        text = patched_gpt_step.replace(MODEL_CALL, f"            {use}\n{MODEL_CALL}")
+        line = text.split(MODEL_CALL)[0].count("\n")
+        assert why_not_fixed(text, "gpt_step.py") == f"gpt_step.py:{line} `{use}` does what check cannot follow"
+
+    @pytest.mark.parametrize(
+        "use",
+        [
+            'forward_args["padding_mask"] = padding_mask',
+            'if forward_args.get("padding_mask") is not None:\n                pass',
+            'assert "loss_mask" in forward_args',
+        ],
+    )
+    def test_a_use_that_leaves_the_mask_as_it_is_keeps_it_fixed(self, patched_gpt_step, use):
+        """Guards the reading's reach: another key, a read and a test of the dict (upstream main's own uses)."""
+        assert not why_not_fixed(patched_gpt_step.replace(MODEL_CALL, f"            {use}\n{MODEL_CALL}"))
+
+    def test_a_model_call_given_its_arguments_by_a_caller_is_not_shown(self, patched_gpt_step):
+        """A helper that calls the model with the dict it is given: what the caller put in is not read."""
+        text = patched_gpt_step + "\n\ndef _call(model, forward_args):\n    return model(**forward_args)\n"
+        line = text.count("\n")
+        assert (
+            why_not_fixed(text, "gpt_step.py")
+            == f"gpt_step.py:{line} `return model(**forward_args)` does what check cannot follow"
+        )
 
 
 class TestStatus:

@@ -88,7 +88,7 @@ def jobs(tmp_path_factory, request):
     yield started
     for _, job in started.values():  # one a failed test left running: watch stops its command, then itself
         job.terminate()
-        job.wait(timeout=60)
+        job.wait(timeout=600)
 
 
 @dataclass
