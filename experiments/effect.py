@@ -108,7 +108,7 @@ VIEWS = {name: {"runs": {arm: (arm, name) for arm in command.ARMS}, "contrasts":
     for name, shared in SPLIT_BY.items()
 }
 KEEP = WORK / "effect"  # where `./run effect` keeps each finished seed (--keep)
-DEFAULT_SEEDS = {"short": "100-161", "plateau": "100-111"}  # the confirmatory seeds of experiments/PLAN.md
+DEFAULT_SEEDS = {"short": "100-161", "plateau": "100-115"}  # the confirmatory seeds of experiments/PLAN.md
 
 
 def plans(size: str, seeds: tuple[int, ...], control: bool = False, keep: Path | None = None) -> dict[str, Plan]:
