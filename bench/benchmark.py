@@ -1,6 +1,7 @@
 """Print the suite's time per tier, the tiny model's peak memory per rank, and its step-time ratios.
 
     .venv/bin/python bench/benchmark.py [--setup] [--tiers push all] [--rounds 5] [--steps 50]
+    .venv/bin/python bench/benchmark.py --effect [ARGS]   only `./run effect ARGS`: its wall time and CPU-seconds
 
 Run it after `./run setup` (warm). Each tier is one pytest session as `./run test` runs it: its wall time, and the
 CPU-seconds of its whole process tree (this process is a subreaper, so orphans count), which depend far less than
@@ -14,6 +15,7 @@ import argparse
 import ctypes
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -123,6 +125,22 @@ def ratios(rounds: int, steps: int) -> None:
         print(f"{name}: median {statistics.median(values):.3f} (range {min(values):.3f} to {max(values):.3f})")
 
 
+def effect(args: list[str]) -> None:
+    """Run `./run effect ARGS` as a user does (its output passes through), its seeds kept in a folder emptied first so
+    that none is reused; print its wall time, its CPU-seconds and the load."""
+    keep = REPO / ".work" / "bench-effect"
+    shutil.rmtree(keep, ignore_errors=True)
+    cpu, start, load = _children_cpu(), time.perf_counter(), _load()
+    done = subprocess.run([str(REPO / "run"), "effect", "--keep", str(keep), *args], cwd=REPO)
+    wall = time.perf_counter() - start
+    _reap_orphans()
+    print(
+        f"./run effect {' '.join(args)}: exit {done.returncode}, {wall:.0f} s wall, {_children_cpu() - cpu:.0f} CPU-s; "
+        f"{load} at its start, {_load()} at its end",
+        flush=True,
+    )
+
+
 def main() -> None:
     """Measure and print; exit 0 whatever the figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -132,8 +150,12 @@ def main() -> None:
         "--rounds", type=int, default=5, help="interleaved rounds of the three arms (0: no model runs)"
     )
     parser.add_argument("--steps", type=int, default=50, help="timed steps per run (their median is its figure)")
+    parser.add_argument("--effect", nargs=argparse.REMAINDER, metavar="ARGS", help="time only `./run effect ARGS`")
     args = parser.parse_args()
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans come back to us
+    if args.effect is not None:
+        effect(args.effect)
+        return
     if args.setup:
         setup()
     for name in args.tiers:

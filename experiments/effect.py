@@ -1,15 +1,17 @@
 """What the bug costs the MTP head as a drafter: per seed the same pretraining, then SFT in the settings of
 experiments/PLAN.md, the release as shipped against the release + patch, measured by speculative decoding.
 
-    ./run effect [--seeds A-B] [--out DIR]   seeds 0-9, a short SFT (<= 8 min on 2 cores; prints its time)
-    ./run effect --control                   the release in both arms: every contrast must say "no difference"
-    ./run effect --plateau                   the same, SFT to a plateau
+    ./run effect [--seeds A-B] [--out DIR] [--keep DIR]   the plan's seeds, a short SFT (prints its time)
+    ./run effect --control                                 the release in both arms: every contrast "no difference"
+    ./run effect --plateau                                 three settings, SFT to a plateau (PLATEAU)
 
-The analysis (endpoints, the factorial, the Holm families, the verdict words) is experiments/PLAN.md's. Each arm is
-a process with its own tree first on the import path (experiments.effect_arm says what it does). The settings
-`no-padding-mtp <cell>` give the model an MTP mask of their own (prompt and answer, never padding), so they do not
-depend on the tree; their runs are split between the two processes, and the suite checks that both trees give them
-bit-identical weights. Every figure is measured in the run; nothing here asserts what the effect is.
+The analysis (settings, endpoints, seeds, the Holm families, the verdict words) is experiments/PLAN.md's. Each arm is
+a process with its own tree first on the import path (experiments.effect_arm says what it does); each finished seed
+is said as it comes and kept under --keep, and the same command reuses it, so a run that stops (a signal, a failed
+or stalled arm: both are named) resumes where it stopped. The settings `no-padding-mtp <setting>` give the model an
+MTP mask of their own (prompt and answer, never padding), so they do not depend on the tree; their runs are split
+between the two processes, and the suite checks that both trees give them bit-identical weights. Every figure is
+measured in the run; nothing here asserts what the effect is.
 
 figures.json (--out; every number measured in the run):
 
@@ -17,27 +19,32 @@ figures.json (--out; every number measured in the run):
     arms.<arm>            "unpatched" (the release as shipped) | "patched" (the tree under test): tree, gpt_step_file,
                           runs (per seed, the settings it ran), pretrained_weights_sha256 (per seed),
                           sft_data_sha256 / fine_tuned_weights_sha256 (per setting, per seed: null where not run),
-                          pretrain_seconds, fine_tune_seconds (wall), cpu_seconds (theirs in CPU time), peak_rss_mib
+                          pretrain_seconds, fine_tune_seconds (wall), cpu_seconds (theirs in CPU time) of the seeds
+                          run now, reused (seed: its CPU seconds, of the seeds kept from an earlier run), peak_rss_mib
     same_pretrained_weights, same_data   both arms started from equal weights and saw equal batches (hashes)
     shared_runs_equal     for a run both arms made (a setting whose MTP mask is the experiment's): equal weights
     pretrain              per seed: lm_loss_first, lm_loss_last, held-out lm_top1 and mtp_top1 (every position)
-    settings.<setting>    per Bridge setting: description; conclusion (one line, Holm-adjusted); runs.<label> (the
+    settings.<setting>    per Bridge setting run: description; conclusion (one line, Holm-adjusted); runs.<label> (the
                           arm that ran it, per seed: where; step_one: SFT step 1's figures, each per seed;
-                          final.<metric>, per seed; curves.logged-minus-true: per evaluation step); step_one_mix
+                          final.<metric>, per seed; curves.<CURVES>: per evaluation step, per seed); step_one_mix
                           (share of the MTP targets per role) and step_one_ce (MTP CE per role, per seed: the same in
-                          every run); contrasts: [{name, family, control, treatment, <metric>:
-                          experiments.stats.summary of the paired differences, PRIMARY's with its holm}];
+                          every run); contrasts: [{name, family, control, treatment, what, endpoint, <metric>:
+                          experiments.stats.summary of the paired differences, the endpoint's with its holm}];
                           logged_minus_true.<label>: summary over seeds (the Bridge arms only)
 """
 
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from experiments import command, stats
-from experiments.effect_arm import CELLS, SETTINGS, Plan
+from experiments.effect_arm import SETTINGS, Plan
+from experiments.effect_arm import SPLIT as SPLIT_SETTINGS
 from experiments.synthetic import ROLES
+from maintain.repo import WORK
 from mtp_mask_fix.errors import Exit
+from mtp_mask_fix.signals import Interrupted
 from tinymodel.reference import loss_mass_on_masked
 
 
@@ -48,6 +55,7 @@ METRICS = {  # id: row label; each over the same held-out prompts, after the las
     "acceptance": "acceptance",
     "teacher-forced": "teacher-forced top-1",
 }
+SMALLEST = 0.075  # the smallest difference on an endpoint this experiment cares about (experiments/PLAN.md)
 DESCRIPTIVE = {"eos-share": "EOS drafts / drafts", "answer-tokens": "tokens per answer"}  # per run, no contrast
 STEP_ONE = {
     "mtp_1_loss": "mtp_1 loss (logged)",
@@ -61,49 +69,76 @@ SIZES = {  # Plan fields per size, over Plan's defaults (`./run effect`: "short"
     "plateau": {"sft_steps": 600, "eval_every": 100},
     "small": dict(pretrain_steps=8, sft_steps=3, eval_every=3, eval_batches=1, batch=8, pretrain_batch=8),
 }
-TIMEOUT_S = {"small": 300, "short": 900, "plateau": 7200}  # an arm still running then is killed (the worker's rule)
-BRIDGE = (*(f"same-language {cell}" for cell in CELLS), "distinct-answers", "padding-only")  # run by both arms
-SHARED = tuple(f"no-padding-mtp {cell}" for cell in CELLS)  # its MTP mask is the experiment's: run by either arm
+# The time a seed takes an arm, per size, as the plan's pilot measured it on a 2-core machine shared with other jobs
+# (experiments/PLAN.md): what "slower than expected" and the stall limit (command.STALL times it) are reckoned from.
+SEED_SECONDS = {"small": 15, "short": 60, "plateau": 170}
+# Run by both arms, each with its endpoint (experiments/PLAN.md): tokens per verify step where drafting speed can move,
+# else the endpoint that moves there.
+ENDPOINTS = {
+    "same-language short/first": PRIMARY,
+    "same-language long/second": PRIMARY,
+    "distinct-answers": PRIMARY,
+    "padding-only": PRIMARY,
+    "report-like": PRIMARY,
+    # Where drafting speed cannot move, the MTP head's teacher-forced top-1 on the answers: short/second's greedy
+    # answers are one token + EOS (1 token per verify step, nearly every draft the EOS's), long/first's drafts are all
+    # accepted in both arms (2 tokens per verify step, acceptance 1).
+    "same-language short/second": "teacher-forced",
+    "same-language long/first": "teacher-forced",
+}
+BRIDGE = tuple(ENDPOINTS)
+# What --plateau runs: where the fix went against drafting speed, where it went for it, and the report's regime.
+PLATEAU = ("same-language short/first", "same-language long/second", "report-like")
+# Its MTP mask is the experiment's (never padding): run by either arm, one per setting the fix is split in.
+SPLIT_BY = {name: f"no-padding-mtp {name.removeprefix('same-language ')}" for name in SPLIT_SETTINGS}
+SHARED = tuple(SPLIT_BY.values())
 FIX = ("the fix", "unpatched", "patched", "the fix", "primary")
 SPLIT = "no padding in MTP"
 # Per Bridge setting: its runs (label: the arm that made it and the setting it ran; None: either arm), and its
 # contrasts (name, control, treatment, what the treatment is, Holm family).
 VIEWS = {name: {"runs": {arm: (arm, name) for arm in command.ARMS}, "contrasts": [FIX]} for name in BRIDGE} | {
-    f"same-language {cell}": {
-        "runs": {
-            "unpatched": ("unpatched", f"same-language {cell}"),
-            SPLIT: (None, shared),
-            "patched": ("patched", f"same-language {cell}"),
-        },
+    name: {
+        "runs": {"unpatched": ("unpatched", name), SPLIT: (None, shared), "patched": ("patched", name)},
         "contrasts": [
             FIX,
             ("padding's part", "unpatched", SPLIT, "masking the padding", "split"),
             ("prompt's part", SPLIT, "patched", "masking the prompt", "split"),
         ],
     }
-    for cell, shared in zip(CELLS, SHARED)
+    for name, shared in SPLIT_BY.items()
 }
+KEEP = WORK / "effect"  # where `./run effect` keeps each finished seed (--keep)
+DEFAULT_SEEDS = {"short": "100-161", "plateau": "100-115"}  # the confirmatory seeds of experiments/PLAN.md
 
 
-def plans(size: str, seeds: tuple[int, ...], control: bool = False) -> dict[str, Plan]:
-    """Each arm's plan, every Bridge setting per seed and half the shared ones (all in the small run, none in a control)."""
+def plans(size: str, seeds: tuple[int, ...], control: bool = False, keep: Path | None = None) -> dict[str, Plan]:
+    """Each arm's plan: every Bridge setting per seed and about half the shared ones (all in the small run, none in a
+    control); at the plateau only PLATEAU's settings, without the split. ``keep``: the
+    directory under which each arm keeps its finished seeds."""
+    bridge, shared = (PLATEAU, ()) if size == "plateau" else (BRIDGE, () if control else SHARED)
     runs = {
         arm: [
-            BRIDGE + tuple(s for k, s in enumerate(SHARED) if not control and (size == "small" or (i + k) % 2 == j))
+            bridge + tuple(s for k, s in enumerate(shared) if size == "small" or (i + k) % 2 == j)
             for i, _ in enumerate(seeds)
         ]
         for j, arm in enumerate(command.ARMS)
     }
-    return {arm: Plan(seeds=seeds, runs=tuple(runs[arm]), **SIZES[size]) for arm in command.ARMS}
+    return {
+        arm: Plan(seeds=seeds, runs=tuple(runs[arm]), keep=keep and str(keep / arm), **SIZES[size])
+        for arm in command.ARMS
+    }
 
 
-def start_effect(size: str, seeds: tuple[int, ...], trees: dict | None = None, control: bool = False) -> command.Arms:
-    """Both arms started, not awaited (finish_effect takes them). ``trees``: default the release and the view."""
+def start_effect(
+    size: str, seeds: tuple[int, ...], trees: dict | None = None, control: bool = False, keep: Path | None = None
+) -> command.Arms:
+    """Both arms started, not awaited (finish_effect takes them). ``trees``: default the release and the view;
+    ``keep``: where each arm keeps its finished seeds and reuses them from (None: nowhere)."""
     trees = trees or command.trees()
     if control:
         trees = dict.fromkeys(command.ARMS, trees["unpatched"])
-    arm_plans = {a: p.to_json() for a, p in plans(size, seeds, control).items()}
-    return command.Arms("experiments.effect_arm:measure", trees, arm_plans, TIMEOUT_S[size])
+    arm_plans = {a: p.to_json() for a, p in plans(size, seeds, control, keep).items()}
+    return command.Arms("experiments.effect_arm:measure", trees, arm_plans, SEED_SECONDS[size], keep)
 
 
 def finish_effect(arms: command.Arms, size: str, control: bool = False) -> dict:
@@ -123,6 +158,15 @@ def _ratio(a: float, b: float) -> float | None:
 def _logged_minus_true(sums: dict) -> float:
     """Core's logged acceptance minus MTP depth-1 top-1 on the loss positions (what it logs with the mask)."""
     return sums["logged_acceptance"] - _ratio(sums["mtp_hits"], sums["mtp_counted"])
+
+
+# Per evaluation step (teacher-forced, on the held-out batches): core's inflation of its acceptance, and how far the
+# MTP head and the LM have got (whether the SFT has reached a plateau).
+CURVES = {
+    "logged-minus-true": _logged_minus_true,
+    "teacher-forced": lambda sums: _ratio(sums["mtp_answer_hits"], sums["mtp_answer_counted"]),
+    "lm-loss": lambda sums: _ratio(sums["lm_ce_sum"], sums["lm_counted"]),
+}
 
 
 def final_metrics(run: dict) -> dict[str, float | None]:
@@ -161,16 +205,16 @@ def role_means(step: dict) -> dict[str, float | None]:
     return {role: float(step["mtp_ce"][at].mean()) if at.any() else None for role, at in where.items()}
 
 
-def _setting_figures(name: str, pick, control: bool) -> dict:
-    """One setting's runs and contrasts, a control's contrasting the arms only.
+def _setting_figures(name: str, pick, split: bool) -> dict:
+    """One setting's runs and contrasts: the arms', and where the setting's shared run was made, its split.
 
     Args:
         name: the Bridge setting.
         pick: ``pick(arm, setting)`` gives per seed that arm's run of the setting (arm None: either arm's).
-        control: both arms ran the release.
+        split: the setting's shared run was made (never in a control nor at the plateau).
     """
     view = VIEWS[name]
-    if control:
+    if not split:
         view = {"runs": {k: v for k, v in view["runs"].items() if v[0]}, "contrasts": [FIX]}
     picked = {label: pick(*where) for label, where in view["runs"].items()}
     runs = {}
@@ -181,11 +225,10 @@ def _setting_figures(name: str, pick, control: bool) -> dict:
             "where": [arm for arm, _ in seeded],
             "step_one": {key: [f[key] for f in firsts] for key in firsts[0]},
             "final": {key: [f[key] for f in finals] for key in finals[0]},
-            "curves": {
-                "steps": sorted(seeded[0][1]["evals"]),
-                "logged-minus-true": [
-                    [_logged_minus_true(r["evals"][s]) for _, r in seeded] for s in sorted(seeded[0][1]["evals"])
-                ],
+            "curves": {"steps": sorted(seeded[0][1]["evals"])}
+            | {
+                curve_name: [[curve(r["evals"][s]) for _, r in seeded] for s in sorted(seeded[0][1]["evals"])]
+                for curve_name, curve in CURVES.items()
             },
         }
     first = next(iter(picked.values()))
@@ -193,8 +236,10 @@ def _setting_figures(name: str, pick, control: bool) -> dict:
     contrasts = []
     for contrast, before, after, what, family in view["contrasts"]:
         a, b = runs[before]["final"], runs[after]["final"]
+        endpoint = ENDPOINTS[name] if family == "primary" else PRIMARY
         contrasts.append(
             {"name": contrast, "family": family, "control": before, "treatment": after, "what": what}
+            | {"endpoint": endpoint}
             | {metric: stats.paired(a[metric], b[metric]) for metric in METRICS}
         )
         contrasts[-1]["negative_of"] = negative_of(contrasts[-1], contrasts[:-1])
@@ -215,24 +260,29 @@ def _setting_figures(name: str, pick, control: bool) -> dict:
 
 
 def negative_of(contrast: dict, earlier: list[dict]) -> str | None:
-    """The name of an earlier contrast whose primary differences are this one's negated, not all zero (printed once)."""
-    values = contrast[PRIMARY]["values"]
+    """The name of an earlier contrast on the same endpoint whose differences are this one's negated, not all zero
+    (printed once)."""
+    endpoint = contrast["endpoint"]
+    values = contrast[endpoint]["values"]
     negated = [None if v is None else -v for v in values]
-    return next((c["name"] for c in earlier if c[PRIMARY]["values"] == negated and any(values)), None)
+    same = [c for c in earlier if c["endpoint"] == endpoint]
+    return next((c["name"] for c in same if c[endpoint]["values"] == negated and any(values)), None)
 
 
 def conclusion(name: str, contrasts: list[dict]) -> str:
     """One line: per contrast, the Holm-adjusted verdict on the primary endpoint, its interval and the seeds' signs."""
     parts = []
     for c in contrasts:
-        s = c[PRIMARY]
+        s = c[c["endpoint"]]
         if c["negative_of"]:
             parts.append(f"{c['name']}: the exact negative of {c['negative_of']} in every seed")
             continue
         level = f" at {s['holm']['confidence']:.2%}" if s["holm"]["interval"] else ""
+        size = stats.size(s, SMALLEST)
         parts.append(
-            f"{c['name']}: {stats.verdict(s, c['what'])}, {stats.interval(s, adjusted=True)}{level} "
-            f"(Holm p {s['holm']['p']:.3f}; {stats.signs(s)})"
+            f"{c['name']} ({METRICS[c['endpoint']]}): {stats.verdict(s, c['what'])}, "
+            f"{stats.interval(s, adjusted=True)}{level}{size and f', {size}'} (Holm p {s['holm']['p']:.3f}; "
+            f"{stats.signs(s)})"
         )
     return f"{name}: " + " | ".join(parts)
 
@@ -247,9 +297,12 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict], control: bool)
         arms = command.ARMS if arm is None else (arm,)
         return [next((a, by_arm[a][(setting, s)]) for a in arms if (setting, s) in by_arm[a]) for s in seeds]
 
-    settings = {name: _setting_figures(name, pick, control) for name in BRIDGE}
+    ran = {setting for setting, seed in by_arm["unpatched"] if seed == seeds[0]}
+    settings = {name: _setting_figures(name, pick, SPLIT_BY.get(name) in ran) for name in BRIDGE if name in ran}
     for family in ("primary", "split"):
-        stats.holm([c[PRIMARY] for data in settings.values() for c in data["contrasts"] if c["family"] == family])
+        stats.holm(
+            [c[c["endpoint"]] for data in settings.values() for c in data["contrasts"] if c["family"] == family]
+        )
     for name, data in settings.items():
         data["conclusion"] = conclusion(name, data["contrasts"])
     pretrain = payloads["unpatched"]["pretrain"]
@@ -278,7 +331,7 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict], control: bool)
                 },
                 **{
                     k: payloads[arm][k]
-                    for k in ("pretrain_seconds", "fine_tune_seconds", "cpu_seconds", "peak_rss_mib")
+                    for k in ("pretrain_seconds", "fine_tune_seconds", "cpu_seconds", "peak_rss_mib", "reused")
                 },
             }
             for arm in command.ARMS
@@ -352,9 +405,20 @@ def format_tables(figures: dict) -> str:
             )
         for key, label in STEP_ONE.items():
             lines.append(row(label, [_mean(data["runs"][r]["step_one"][key]) for r in labels]))
+        mass = data["runs"]["unpatched"]["step_one"]["mtp_loss_mass_on_padding"]
+        lines.append(f"unpatched MTP loss mass on padding, per seed: min {min(mass):.3f}, max {max(mass):.3f}")
         lines += [f"after {plan['sft_steps']} SFT steps (mean over seeds)", head]
         for metric, label in figures["metrics"].items():
             lines.append(row(label, [_mean(data["runs"][r]["final"][metric]) for r in labels]))
+        curves = {r: data["runs"][r]["curves"] for r in labels}
+        lines.append("teacher-forced top-1 and held-out LM loss after each evaluated SFT step (mean over seeds)")
+        for k, step in enumerate(curves[labels[0]]["steps"]):
+            lines.append(
+                row(
+                    f"  step {step}",
+                    [f"{_mean(c['teacher-forced'][k])} / {_mean(c['lm-loss'][k])}" for c in curves.values()],
+                )
+            )
         for c in data["contrasts"]:
             lines.append(f"{c['treatment']} - {c['control']} ({c['name']}), paired by seed: mean [95 % t, unadjusted]")
             for metric, label in METRICS.items():
@@ -364,31 +428,57 @@ def format_tables(figures: dict) -> str:
             lines.append(f"  {label:{width - 2}}{stats.interval(s)}; {stats.signs(s, 'above 0', 'below 0')}")
     lines += [
         "",
-        f"== {METRICS[PRIMARY]}, Holm at family-wise {stats.ALPHA} over the fix in every setting and, apart, over the "
-        "padding's and the prompt's parts (experiments/PLAN.md): verdict, mean [Holm-adjusted interval]",
+        f"== Holm at family-wise {stats.ALPHA} over the fix in every setting, each on its endpoint, and apart over the "
+        f"padding's and the prompt's parts, on {METRICS[PRIMARY]} (experiments/PLAN.md): verdict, mean "
+        f"[Holm-adjusted interval], and where the interval settles it, its size against +-{SMALLEST}",
         *(f"-> {data['conclusion']}" for data in figures["settings"].values()),
-    ]
-    arms = figures["arms"]
-    lines += [
         "",
-        f"(wall {figures['wall_seconds']:.0f} s for both arms at once, their start included; per arm, wall: "
-        + ", ".join(
-            f"{arm} pretraining {arms[arm]['pretrain_seconds']:.0f} s + SFT and evaluation "
-            f"{arms[arm]['fine_tune_seconds']:.0f} s (CPU {arms[arm]['cpu_seconds']:.0f} s), peak RSS "
-            f"{arms[arm]['peak_rss_mib']:.0f} MiB"
-            for arm in command.ARMS
-        )
-        + ")",
+        time_taken(figures),
     ]
     return "\n".join(lines)
 
 
+def time_taken(figures: dict) -> str:
+    """Wall time of the run, and per arm what its seeds took (those kept from an earlier run apart)."""
+    arms = figures["arms"]
+    per_arm = []
+    for arm in command.ARMS:
+        a, reused = arms[arm], arms[arm]["reused"]
+        text = (
+            f"{arm} {len(figures['seeds']) - len(reused)} seeds run: pretraining {a['pretrain_seconds']:.0f} s + SFT "
+            f"and evaluation {a['fine_tune_seconds']:.0f} s (CPU {a['cpu_seconds']:.0f} s), peak RSS "
+            f"{a['peak_rss_mib']:.0f} MiB"
+        )
+        if reused:
+            text += f", {len(reused)} seeds kept from an earlier run (CPU {sum(reused.values()):.0f} s then)"
+        per_arm.append(text)
+    return f"(wall {figures['wall_seconds']:.0f} s for both arms at once, their start included; per arm, wall: " + (
+        "; ".join(per_arm) + ")"
+    )
+
+
 def run(args) -> tuple[str, Exit]:
-    """`./run effect`: both arms and the tables, the figures into --out if given; exit 5 where a control differs."""
+    """`./run effect`: both arms and the tables, the figures into --out if given; exit 5 where a control differs, an arm
+    failed or stalled."""
     size = "plateau" if args.plateau else "short"
-    print(f"[effect] both arms, {len(args.seeds)} seeds, size {size}: running", file=sys.stderr, flush=True)
-    figures = finish_effect(start_effect(size, args.seeds, control=args.control), size, args.control)
-    verdicts = [stats.verdict(c[PRIMARY], c["what"]) for d in figures["settings"].values() for c in d["contrasts"]]
+    args.seeds = args.seeds or command.seeds(DEFAULT_SEEDS[size])
+    cpu = SEED_SECONDS[size] * len(args.seeds)
+    print(
+        f"[effect] both arms, {len(args.seeds)} seeds, size {size}: about {cpu / 60:.0f} min per arm ({SEED_SECONDS[size]} "
+        f"s a seed); each finished seed is kept in {args.keep} and reused by the same command",
+        file=sys.stderr,
+        flush=True,
+    )
+    arms = start_effect(size, args.seeds, control=args.control, keep=args.keep)
+    try:
+        figures = finish_effect(arms, size, args.control)
+    except command.Stopped as stopped:
+        return f"./run effect: {stopped}\n{arms.kept()}; nothing written", Exit.FAILED
+    except Interrupted as signal:
+        return f"./run effect: interrupted by {signal.name}: {arms.kept()}; nothing written", signal.code
+    verdicts = [
+        stats.verdict(c[c["endpoint"]], c["what"]) for d in figures["settings"].values() for c in d["contrasts"]
+    ]
     differs = len(verdicts) - verdicts.count("no difference")
     control = f"control: {differs} of {len(verdicts)} contrasts say other than 'no difference'" * figures["control"]
     files = {"figures.json": json.dumps(figures, indent=1).encode()} if args.out else {}
@@ -398,10 +488,18 @@ def run(args) -> tuple[str, Exit]:
 
 def main(argv: list[str] | None = None) -> None:
     """The command line (experiments.command: what it shares with repro)."""
-    parser = command.parser("./run effect", __doc__.split("\n\n")[0], "0-9")
+    said = ", ".join(f"{seeds}{'' if size == 'short' else f' with --{size}'}" for size, seeds in DEFAULT_SEEDS.items())
+    parser = command.parser("./run effect", __doc__.split("\n\n")[0], None, said)
     steps = SIZES["plateau"]["sft_steps"], Plan.sft_steps
     parser.add_argument("--plateau", action="store_true", help="%d SFT steps instead of %d" % steps)
     parser.add_argument("--control", action="store_true", help="the release in both arms (a negative control)")
+    parser.add_argument(
+        "--keep",
+        type=command.out_dir,
+        default=KEEP,
+        metavar="DIR",
+        help="where each finished seed is kept and reused from by the same command (default .work/effect)",
+    )
     command.main(parser, run, argv)
 
 

@@ -23,6 +23,7 @@ from experiments.effect import role_means, step_one_figures
 from experiments.effect_arm import Plan
 from experiments.synthetic import BOS, ROLES
 from mtp_mask_fix.errors import Exit
+from mtp_mask_fix.signals import Interrupted
 
 
 REPORT_URL = "https://github.com/NVIDIA-NeMo/Megatron-Bridge/issues/6103"
@@ -182,7 +183,7 @@ def format_table(figures: dict) -> str:
     lines = [
         f"#6103 ({REPORT_URL}; DeepSeek-V4-Pro SFT on SQuAD, iteration 1) beside this run (tiny GPTModel with one MTP "
         f"layer, {figures['parameters']} parameters, pretrained {figures['plan']['pretrain_steps']} steps on BOS + "
-        f"text + EOS documents; one step on a batch of {batch['shape'][0]} samples padded with EOS to the longest "
+        f"text + EOS documents; one step on a batch of {batch['shape'][0]} samples padded with EOS to {batch['shape'][1]} positions "
         f"({batch['shape'][0]}x{batch['shape'][1]} with {min(batch['loss_tokens_per_sample'])}-"
         f"{max(batch['loss_tokens_per_sample'])} loss tokens per sample for seed {seeds[0]}); {where})",
         f"{'':28}  {'report: before':>14}  {'after':>13}  {'here: ' + SIDES['unpatched']:>30}  {SIDES['patched']:>30}",
@@ -226,15 +227,21 @@ def format_table(figures: dict) -> str:
     return "\n".join(lines)
 
 
-TIMEOUT_S = 900
+SEED_SECONDS = 10  # CPU seconds a seed takes a side on a quiet core: its pretraining and one step
 
 
 def run(args) -> tuple[str, Exit]:
-    """`./run repro`: both sides, the tables; the figures into --out if given."""
+    """`./run repro`: both sides, the tables; the figures into --out if given; exit 5 where a side failed or stalled."""
     print(f"[repro] both sides, {len(args.seeds)} seeds: running", file=sys.stderr, flush=True)
     plan = Plan(seeds=args.seeds).to_json()
-    arms = command.Arms("experiments.effect_arm:reproduce", command.trees(), {side: plan for side in SIDES}, TIMEOUT_S)
-    figures = json.loads(json.dumps(figures_of(arms.wait())))
+    trees, plans = command.trees(), {side: plan for side in SIDES}
+    arms = command.Arms("experiments.effect_arm:reproduce", trees, plans, SEED_SECONDS, name="repro")
+    try:
+        figures = json.loads(json.dumps(figures_of(arms.wait())))
+    except command.Stopped as stopped:
+        return f"./run repro: {stopped}; nothing written", Exit.FAILED
+    except Interrupted as signal:
+        return f"./run repro: interrupted by {signal.name}: nothing written", signal.code
     files = {"figures.json": json.dumps(figures, indent=1).encode()} if args.out else {}
     text = "\n".join(filter(None, [format_table(figures), command.write(args.out, files)]))
     return text, Exit.OK

@@ -75,6 +75,17 @@ def verdict(s: dict, treatment: str) -> str:
     return f"for {treatment}" if low > 0 else f"against {treatment}" if high < 0 else "no difference"
 
 
+def size(s: dict, smallest: float) -> str:
+    """What the Holm-adjusted interval settles about the difference's size against the smallest one cared about:
+    'within +-d' (all of it smaller), 'at least d' (all of it as large or larger), '' (neither)."""
+    if s["holm"]["interval"] is None:
+        return ""
+    low, high = s["holm"]["interval"]
+    if -smallest < low and high < smallest:
+        return f"within +-{smallest:g}"
+    return f"at least {smallest:g}" if low >= smallest or high <= -smallest else ""
+
+
 def interval(s: dict, adjusted: bool = False) -> str:
     """mean [95 % interval, or the Holm-adjusted one], or the mean with why there is none."""
     if s["mean"] is None:

@@ -6,8 +6,9 @@ Token ids: 0 = BOS, 1 = PAD = EOS (as in the report: pad id 1 = eos, and the mod
                BOS + text + EOS, packed back to back with no padding, every position counted: after EOS always
                comes BOS, which is what the report's model had learnt;
   SFT:         BOS + prompt (a chain's text, or uniform random tokens) + SEP + answer (the answer chain continuing from
-               the last prompt token) + EOS, padded with PAD (= EOS) to the batch's longest sample; the loss covers
-               the answer (the answer tokens and the EOS) or the whole sample (every label but the padding).
+               the last prompt token) + EOS, padded with PAD (= EOS) to the batch's longest sample or to a fixed
+               length; the loss covers the answer (the answer tokens and the EOS) or the whole sample (every label but
+               the padding).
 """
 
 from dataclasses import dataclass
@@ -92,6 +93,7 @@ class SftSetting:
     answer_len: tuple[int, int] = (3, 8)  # content tokens; + EOS
     loss: str = "answer"  # "answer": answer tokens and the closing EOS; "sample": every label but the padding
     prompt_tail: float | None = None  # mean of an exponential tail added to prompt_len[0] (None: uniform lengths)
+    pad_to: int | None = None  # every batch padded to this many positions (None: to its longest sample)
 
     def prompt_lengths(self, batch: int, gen: torch.Generator) -> torch.Tensor:
         """Each sample's prompt length."""
@@ -123,7 +125,7 @@ def sft_batch(chain_a: Chain, chain_b: Chain, setting: SftSetting, vocab: int, b
         torch.cat([torch.tensor([BOS]), prompts[i, :p], torch.tensor([SEP]), answers[i, :a], torch.tensor([EOS])])
         for i, (p, a) in enumerate(zip(p_lens.tolist(), a_lens.tolist()))
     ]
-    seq = max(len(t) for t in texts) - 1
+    seq = setting.pad_to or max(len(t) for t in texts) - 1
     tokens = torch.full((batch, seq), PAD, dtype=torch.long)
     labels = torch.full((batch, seq), PAD, dtype=torch.long)
     loss_mask = torch.zeros(batch, seq)

@@ -10,6 +10,10 @@ is what `./run effect` measures.
 
 import json
 import math
+import shutil
+import signal
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +23,7 @@ from experiments import command, effect, repro, stats, training
 from experiments.synthetic import BOS, EOS, PAD, ROLES, SEP
 from maintain.repo import VIEW, pins, release
 from mtp_mask_fix.paths import GPT_STEP, is_gpt_step_of
+from mtp_mask_fix.signals import Interrupted
 from tinymodel import worker
 
 
@@ -31,19 +36,28 @@ TOL = 1e-6  # core logs its acceptance as a float32 percent
 EARLY = {}
 
 
-def _start(tree):
-    return effect.start_effect("small", SEEDS, trees={"unpatched": BASE, "patched": tree})
+def _start(tree, keep: Path):
+    return effect.start_effect("small", SEEDS, trees={"unpatched": BASE, "patched": tree}, keep=keep)
 
 
 def start_early(session) -> None:
     """Both arms, started by tests/conftest.py once the suite is collected: the unpatched arm (a process that imports
     the release cold) then runs beside the tests before this module's, not in their way."""
-    EARLY["effect"] = _start(worker.this_tree())
+    EARLY["keep"] = Path(tempfile.mkdtemp(prefix="mtp-effect-kept-"))
+    EARLY["effect"] = _start(worker.this_tree(), EARLY["keep"])
 
 
 @pytest.fixture(scope="module")
-def figures(tree):
-    return effect.finish_effect(EARLY.pop("effect", None) or _start(tree), "small")
+def keep():
+    """Where the small run keeps its seeds (removed after the module)."""
+    path = EARLY.get("keep") or Path(tempfile.mkdtemp(prefix="mtp-effect-kept-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def figures(tree, keep):
+    return effect.finish_effect(EARLY.pop("effect", None) or _start(tree, keep), "small")
 
 
 def _numbers(value):
@@ -76,8 +90,8 @@ class TestEffectArms:
         hashes = [h for arm in arms.values() for per_seed in arm["sft_data_sha256"].values() for h in per_seed]
         assert None not in hashes  # the small run makes every run in both arms
         by_setting = arms["patched"]["sft_data_sha256"]
-        for shared in effect.SHARED:  # each one's batches are its same-language cell's
-            assert by_setting[shared] == by_setting[shared.replace("no-padding-mtp", "same-language")]
+        for name, shared in effect.SPLIT_BY.items():  # each one's batches are its Bridge setting's
+            assert by_setting[shared] == by_setting[name]
         assert len({h for name in effect.BRIDGE for h in by_setting[name]}) == len(effect.BRIDGE) * len(SEEDS)
         assert figures["same_pretrained_weights"] is True and figures["same_data"] is True
 
@@ -156,11 +170,70 @@ class TestEffectFigures:
             assert f"-> {setting['conclusion']}" in tables
 
 
+class TestSeedsKept:
+    """Each finished seed is said and kept as it comes, and reused by the same command; a slow, stalled or failed arm
+    is said and both arms end, their finished seeds kept."""
+
+    def test_a_rerun_reuses_every_kept_seed_and_gives_the_same_figures(self, figures, tree, keep, capsys):
+        again = effect.finish_effect(_start(tree, keep), "small")
+        for arm in command.ARMS:
+            assert list(again["arms"][arm]["reused"]) == [str(seed) for seed in SEEDS], arm
+            assert again["arms"][arm]["cpu_seconds"] == 0, arm
+        assert again["settings"] == figures["settings"]
+        assert capsys.readouterr().err.count("kept from an earlier run") == len(command.ARMS) * len(SEEDS)
+
+    def test_an_arm_that_finishes_no_seed_in_time_is_stopped_and_named(self, tree, mocker, capsys, tmp_path):
+        """The limit is STALL times the seconds a seed is expected to take: here a hundredth of a second."""
+        mocker.patch.object(command, "START_S", 0)
+        mocker.patch.dict(effect.SEED_SECONDS, {"small": 0.01})
+        arms = effect.start_effect("small", SEEDS, trees={"unpatched": BASE, "patched": tree}, keep=tmp_path)
+        with pytest.raises(command.Stopped, match=rf"arm finished no seed in \d+ s, {command.STALL} x the 0 s a seed"):
+            arms.wait()
+        err = capsys.readouterr().err
+        assert "seed number 1 of 1 still running" in err and "is slower than expected" in err
+        assert arms.kept() == (
+            "0 of 1 seeds in the unpatched arm and 0 of 1 seeds in the patched arm finished, kept in "
+            f"{tmp_path}: the same command resumes from them"
+        )
+
+    def test_an_arm_that_fails_ends_both_and_says_why(self, tree):
+        plans = {"unpatched": json.dumps({"seeds": [0], "no such field": 1})}
+        plans["patched"] = effect.plans("small", SEEDS)["patched"].to_json()
+        arms = command.Arms("experiments.effect_arm:measure", {"unpatched": BASE, "patched": tree}, plans, 15)
+        with pytest.raises(command.Stopped, match=r"the unpatched arm failed: .* exit codes \[1\]"):
+            arms.wait()
+        assert arms.done["unpatched"] == 0  # the patched arm may have finished its small seed first
+
+    @pytest.mark.parametrize(
+        "raised, code, said",
+        [
+            (command.Stopped("the patched arm failed: exit codes [1]"), 5, "./run effect: the patched arm failed"),
+            (Interrupted(signal.SIGINT), 130, "./run effect: interrupted by SIGINT: "),
+        ],
+    )
+    def test_an_unfinished_run_says_what_it_kept_and_writes_nothing(
+        self, raised, code, said, mocker, capsys, tmp_path
+    ):
+        mocker.patch.object(command, "trees", return_value={"unpatched": BASE, "patched": VIEW})
+        kept = "1 of 10 seeds in the unpatched arm and 2 of 10 seeds in the patched arm finished, kept in K: ..."
+        mocker.patch.object(command, "Arms").return_value.kept.return_value = kept
+        mocker.patch.object(effect, "finish_effect", side_effect=raised)
+        with pytest.raises(SystemExit) as exit_:
+            effect.main(["--seeds", "0-9", "--out", str(tmp_path / "out"), "--keep", str(tmp_path / "keep")])
+        out = capsys.readouterr().out
+        assert exit_.value.code == code and out.startswith(said) and f"{kept}; nothing written" in out
+        assert not (tmp_path / "out").exists()
+        assert command.Arms.call_args.args[4] == tmp_path / "keep"
+
+
 def test_a_contrast_that_negates_an_earlier_one_is_printed_once():
     """With the fix exactly 0 the prompt's part is the padding's part negated: one verdict says both."""
     values = {"fix": [0.0] * 5, "zero": [0.0] * 5, "padding": [0.1, -0.2, 0.3, 0.1, 0.2]}
-    contrasts = [{"name": n, "what": n, effect.PRIMARY: stats.summary(v)} for n, v in values.items()]
-    contrasts.append({"name": "prompt", "what": "x", effect.PRIMARY: stats.summary([-v for v in values["padding"]])})
+    contrasts = [
+        {"name": n, "what": n, "endpoint": effect.PRIMARY, effect.PRIMARY: stats.summary(v)} for n, v in values.items()
+    ]
+    negated = stats.summary([-v for v in values["padding"]])
+    contrasts.append({"name": "prompt", "what": "x", "endpoint": effect.PRIMARY, effect.PRIMARY: negated})
     stats.holm([c[effect.PRIMARY] for c in contrasts])
     for i, c in enumerate(contrasts):
         c["negative_of"] = effect.negative_of(c, contrasts[:i])
@@ -257,6 +330,12 @@ class TestStatistics:
         assert few["ci95"] is None and stats.verdict(few, "x") == "no interval"
         assert stats.interval(few) == "+2.500 (n = 4 < 5: no interval)"
 
+    def test_size_against_the_smallest_difference_cared_about(self):
+        within, beyond, unsettled = _family(
+            [0.01, -0.01, 0.0, 0.02, -0.02], [1.0, 1.1, 0.9, 1.0, 1.05], [0.0, 0.3, -0.3, 0.1, -0.05]
+        )
+        assert [stats.size(s, 0.05) for s in (within, beyond, unsettled)] == ["within +-0.05", "at least 0.05", ""]
+
     def test_signs(self):
         s = stats.summary([1e-9, -1e-9, 0.002, -0.003, 0.0])
         assert stats.signs(s) == "higher in 2, lower in 2, equal in 1 of 5"
@@ -284,7 +363,7 @@ class TestCommands:
             ["--seeds", "x"],
             ["--seeds", "1,1"],
             ["--seeds", ""],
-            ["--seeds", "0-100"],
+            ["--seeds", f"0-{command.MAX_SEEDS}"],
             ["--out"],
             ["--size", "9"],
         ],
@@ -313,8 +392,8 @@ class TestCommands:
         contrasts = [c for data in control["settings"].values() for c in data["contrasts"]]
         if zeroed:
             for c in contrasts:
-                c[effect.PRIMARY] = stats.summary([0.0] * 5)
-            stats.holm([c[effect.PRIMARY] for c in contrasts])
+                c[c["endpoint"]] = stats.summary([0.0] * 5)
+            stats.holm([c[c["endpoint"]] for c in contrasts])
         mocker.patch.object(command, "trees", return_value={"unpatched": BASE, "patched": VIEW})
         mocker.patch.object(command, "Arms")
         mocker.patch.object(effect, "finish_effect", return_value=control | {"control": True})
