@@ -287,6 +287,19 @@ def conclusion(name: str, contrasts: list[dict]) -> str:
     return f"{name}: " + " | ".join(parts)
 
 
+def settings_run(by_arm: dict[str, dict], seeds: list[int]) -> set[str]:
+    """The settings run for every seed, by either arm: each shared one is run by one arm per seed, in turn.
+
+    Args:
+        by_arm: per arm, its runs by (setting, seed).
+        seeds: the plan's seeds.
+
+    Returns:
+        Their names.
+    """
+    return {name for name in BRIDGE + SHARED if all(any((name, s) in runs for runs in by_arm.values()) for s in seeds)}
+
+
 def figures_of(size: str, trees: dict, payloads: dict[str, dict], control: bool) -> dict:
     """The figures (format: this module's docstring) from each arm's raw payload."""
     plan = payloads["unpatched"]["plan"]
@@ -297,7 +310,7 @@ def figures_of(size: str, trees: dict, payloads: dict[str, dict], control: bool)
         arms = command.ARMS if arm is None else (arm,)
         return [next((a, by_arm[a][(setting, s)]) for a in arms if (setting, s) in by_arm[a]) for s in seeds]
 
-    ran = {setting for setting, seed in by_arm["unpatched"] if seed == seeds[0]}
+    ran = settings_run(by_arm, seeds)
     settings = {name: _setting_figures(name, pick, SPLIT_BY.get(name) in ran) for name in BRIDGE if name in ran}
     for family in ("primary", "split"):
         stats.holm(

@@ -242,6 +242,18 @@ def test_a_contrast_that_negates_an_earlier_one_is_printed_once():
     assert line.count("no difference") == 3 and "prompt: the exact negative of padding in every seed" in line
 
 
+@pytest.mark.parametrize("size", ["short", "plateau"])
+def test_every_setting_the_plan_runs_is_analysed(size):
+    """Each shared setting is run by one arm per seed, in turn: the analysis takes it from whichever arm ran it."""
+    seeds = tuple(range(100, 105))
+    by_arm = {
+        arm: {(name, seed): {} for seed, names in zip(seeds, plan.runs) for name in names}
+        for arm, plan in effect.plans(size, seeds).items()
+    }
+    planned = set(effect.PLATEAU) if size == "plateau" else {*effect.BRIDGE, *effect.SHARED}
+    assert effect.settings_run(by_arm, list(seeds)) == planned
+
+
 def _logits(tokens: torch.Tensor, table: dict) -> torch.Tensor:
     """[rows, len, vocab] logits whose argmax at each position is table[token there] (PAD where not listed)."""
     out = torch.zeros(*tokens.shape, 16)
