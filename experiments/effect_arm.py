@@ -11,6 +11,7 @@ figures only (counts, sums, per-position CE, logged values); the modules that st
 """
 
 import hashlib
+import importlib.metadata
 import io
 import json
 import sys
@@ -259,11 +260,11 @@ SEED_DONE = "seed done: "  # how an arm's output line reporting a finished seed 
 
 def _code_digest() -> str:
     """What decides a seed's figures besides its plan: this code, the tree's gpt_step.py, torch and megatron-core."""
-    import megatron.core
-
     import megatron.bridge.training.gpt_step as gpt_step
 
-    digest = hashlib.sha256(f"{torch.__version__} {megatron.core.__version__}".encode())
+    # The distributions' versions: megatron.core.__version__ carries the HEAD of whatever git tree holds the package
+    # (this clone, for .venv), so every commit here would change it.
+    digest = hashlib.sha256(" ".join(map(importlib.metadata.version, ("torch", "megatron-core"))).encode())
     for module in (gpt_step, syn, training, gpt, cpu_runtime, reference, sys.modules[__name__]):
         digest.update(Path(module.__file__).read_bytes())
     return digest.hexdigest()

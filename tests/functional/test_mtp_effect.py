@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from experiments import command, effect, repro, stats, training
+from experiments import command, effect, effect_arm, repro, stats, training
 from experiments.synthetic import BOS, EOS, PAD, ROLES, SEP
 from maintain.repo import VIEW, pins, release
 from mtp_mask_fix.paths import GPT_STEP, is_gpt_step_of
@@ -240,6 +240,16 @@ def test_a_contrast_that_negates_an_earlier_one_is_printed_once():
     assert [c["negative_of"] for c in contrasts] == [None, None, None, "padding"]  # zeros negate zeros: no duplicate
     line = effect.conclusion("cell", contrasts)
     assert line.count("no difference") == 3 and "prompt: the exact negative of padding in every seed" in line
+
+
+def test_a_commit_in_the_clone_keeps_every_kept_seed(mocker):
+    """megatron-core's __version__ ends in the HEAD of the git tree its package lies in (this clone, for .venv): a
+    commit changes it, and must not change the key a seed is kept under."""
+    import megatron.core
+
+    before = effect_arm._code_digest()
+    mocker.patch.object(megatron.core, "__version__", f"{megatron.core.__version__}+another-head")
+    assert effect_arm._code_digest() == before
 
 
 @pytest.mark.parametrize("size", ["short", "plateau"])
