@@ -150,9 +150,11 @@ def autoformat(tree: Path, files: list[str]) -> list[str]:
     """Megatron-LM's lint on the files the patch changes, each tool at the version the tree's uv.lock pins."""
     lock = tomllib.loads((tree / "uv.lock").read_text())["package"]
     locked = {entry["name"]: entry.get("version") for entry in lock}
+    # On the Python its CI lints with: black refuses to check on 3.11 code it reads as written for a later one.
+    python = (tree / ".python-version").read_text().strip() if (tree / ".python-version").exists() else sys.executable
     found = []
     for tool, *args in map(str.split, AUTOFORMAT.split("; ")):
-        uvx = [uv(), "tool", "run", "--python", sys.executable, "--from", f"{tool}=={locked[tool]}"]
+        uvx = [uv(), "tool", "run", "--python", python, "--from", f"{tool}=={locked[tool]}"]
         if (done := subprocess.run([*uvx, tool, *args, *files], cwd=tree, capture_output=True, text=True)).returncode:
             said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
             found.append(f"{tool} {locked[tool]}: {said[0] if said else f'exit {done.returncode}'}")

@@ -27,10 +27,10 @@ class Upstream:
 BRIDGE = Upstream(GPT_STEP_MODULE, ("src", "tests", "pyproject.toml", "ruff.toml"))
 # Most of Megatron-LM's test_multi_token_prediction.py needs CUDA, Transformer Engine or several ranks: those that pass
 # on the base here must pass patched, the rest are counted. --noconftest: its conftest downloads test data at start;
-# core_unit_tests_cpu (tinymodel/site) runs its test utilities on gloo and the CPU. Its lint reads the last three.
+# core_unit_tests_cpu (tinymodel/site) runs its test utilities on gloo and the CPU. Its lint reads the last four.
 MEGATRON_LM = Upstream(
     "megatron.core.transformer.multi_token_prediction",
-    ("tests/__init__.py", "tests/unit_tests", "pyproject.toml", ".pylintrc", "uv.lock"),
+    ("tests/__init__.py", "tests/unit_tests", "pyproject.toml", ".pylintrc", "uv.lock", ".python-version"),
     "megatron",
     ("--noconftest", "-p", "core_unit_tests_cpu"),
     every_test=False,
