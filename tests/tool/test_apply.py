@@ -468,6 +468,7 @@ class TestStartUp:
         if proc.returncode:
             assert err.count("\n") == 1 and err.startswith("mtp-mask-fix: error: interrupted by SIGINT"), err
 
+    @pytest.mark.slow  # a probe that imports torch: `./run test --all`
     def test_the_probe_ends_with_a_killed_apply(self, cli, tool_env, tmp_path, site_packages):
         """kill -9 of apply while its probe imports Megatron-Bridge: the probe goes too, and the next apply puts
         back what was left."""

@@ -15,6 +15,9 @@ from mtp_mask_fix import __version__
 from tests.support.targets import PATCH_FILE, PINNED, verdict
 
 
+pytestmark = pytest.mark.slow  # a pip install in a venv of its own: `./run test --all`
+
+
 class TestEntryPoints:
     """`mtp-mask-fix` (console script) and `python -m mtp_mask_fix` are the same tool."""
 

@@ -11,7 +11,7 @@ runs it (`python -m tinymodel.worker`, whose ranks fork from a fresh process, or
   with exit 3, still has its verdict printed, and --strict keeps what the job printed before it stopped the job.
 
 Every expected count comes from the batches; a watch that reports nothing fails each case. Only the jobs of the
-selected tests start; the multi-rank ones are in `./run test --all`. Each job's processes
+selected tests start, all in `./run test --all` (the push tier holds watch's in-process tests). Each job's processes
 also load this environment's own sitecustomize (tinymodel/site: the TransformerEngine stub Megatron-Bridge's import
 needs), which watch's hides and runs.
 """
@@ -37,6 +37,7 @@ from tinymodel.reference import changed_grads
 from tinymodel.worker import Launch
 
 
+pytestmark = pytest.mark.slow
 RELEASE = release(pins()["megatron-bridge"]).root
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 OUT = Path("out")  # in each job's folder
@@ -167,7 +168,6 @@ def test_bridge_patched_is_silent_and_the_step_bit_identical(watched, unwatched_
     assert step.grads and changed_grads(step.grads, unwatched_step.grads) == []
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["pp2"], indirect=True)
 def test_bridge_unpatched_on_pp2_reports_the_last_stages_calls(watched):
     """--steps 3: rank 1 (the last stage, MTP) counts 3 of its calls (the step's micro-batches, then the perturbed
@@ -178,7 +178,6 @@ def test_bridge_unpatched_on_pp2_reports_the_last_stages_calls(watched):
     assert sorted(p.name for p in (watched.folder / OUT).glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["pp2 patched"], indirect=True)
 def test_bridge_patched_on_pp2_is_silent(watched):
     """Both steps' two micro-batches, each trained with its mask on the last stage."""
@@ -197,7 +196,6 @@ def test_bridge_unpatched_strict_stops_at_the_forward_steps_call(watched):
     assert not (watched.folder / OUT / "rank0.pt").exists()  # stopped before the step ended
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["strict, stdout to a file"], indirect=True)
 def test_strict_keeps_what_the_job_printed(watched):
     assert (watched.code, watched.report["job"]) == (Exit.UNMASKED, (1, 0, 0, 0, 0)), watched.log
@@ -206,7 +204,6 @@ def test_strict_keeps_what_the_job_printed(watched):
     assert re.search(r"stopped \(--strict\) at .+loops\.py:\d+ in run$", watched.head), watched.head
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["torchrun"], indirect=True)
 def test_torchrun_ranks_megatron_lm_call_silent_label_less_call_reported(watched):
     ranks = {"job": (2, 0, 0, 0, 1), "rank 0": (1, 0, 0, 0, 0), "rank 1": (1, 0, 0, 0, 1)}
@@ -214,7 +211,6 @@ def test_torchrun_ranks_megatron_lm_call_silent_label_less_call_reported(watched
     assert "(run in 2 rank(s)): 1 trained against the contract: 1 without a loss_mask" in watched.head
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["data-parallel"], indirect=True)
 def test_torchrun_data_parallel_ranks_print_the_job_line_alone(watched):
     """Their batches differ (one padded on the right, one on the left): that is data, not a difference in training."""
@@ -222,7 +218,6 @@ def test_torchrun_data_parallel_ranks_print_the_job_line_alone(watched):
     assert (watched.code, watched.report, watched.left) == silent, watched.log
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["SIGINT", "SIGTERM", "SIGKILL"], indirect=True)
 def test_a_job_stopped_keeps_its_verdict(watched, request):
     """Unmasked steps, then a signal to watch (it passes it on once, and prints what the job reported), or SIGKILL to
@@ -234,7 +229,6 @@ def test_a_job_stopped_keeps_its_verdict(watched, request):
     assert watched.head.endswith(ending), watched.head
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("watched", ["exit 3"], indirect=True)
 def test_a_job_that_fails_after_masked_steps_prints_its_counts(watched):
     assert (watched.code, watched.report, watched.left) == (Exit.JOB_FAILED, {"job": (2, 0, 0, 0, 0)}, [])
