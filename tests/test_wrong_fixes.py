@@ -16,6 +16,7 @@ the import path; all sessions are forked from one warm process. Each session als
 (tests/support/probe_session.py), whose verdict per variant is pinned here apart from both test sets.
 """
 
+import dataclasses
 import re
 import sys
 from pathlib import Path
@@ -107,13 +108,14 @@ def rewrite(text: str, edits: list[tuple[str, str]], where: str) -> str:
     return text
 
 
-def variant_jobs(base: Path, path: str, job: Job, work: Path) -> list[Job]:
+def variant_jobs(base: Path, path: str, job: Job, work: Path, variants: dict = VARIANTS) -> list[Job]:
     """One session per variant: `job`'s session on a copy of `base` whose `path` has the variant's rewrite; then
     `job` itself ("carried": the fix as carried), so that every variant is held to the tests the fix runs."""
     text, jobs = (base / path).read_text(), []
-    for index, edits in enumerate(VARIANTS.values()):
+    for index, edits in enumerate(variants.values()):
         tree = materialise(base, work / str(index), rewrite={path: rewrite(text, edits, str(base / path))})
-        jobs.append(Job(job.args, tree / job.tree.relative_to(base), cwd=tree if job.cwd == base else job.cwd))
+        where = {"tree": tree / job.tree.relative_to(base), "cwd": tree if job.cwd == base else job.cwd}
+        jobs.append(dataclasses.replace(job, **where))
     return [*jobs, job]
 
 

@@ -1,22 +1,28 @@
 """The Megatron-LM patches through the same machinery as Megatron-Bridge's: read with their sources under src/, judged
 by the rules of their upstream, rewritten by refresh from a commit, and (with an upstream checkout whose Megatron-LM
-submodule holds their base-commits) held to red/green on core's own test file by `./run gate --megatron-lm`."""
+submodule holds their base-commits) held to red/green on core's own test file by `./run gate --megatron-lm`, and
+that test, on two ranks, to telling the fix from plausible wrong ones as tests/test_wrong_fixes.py does."""
 
 import datetime
+import os
 import re
+import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
-from maintain.gate import Row, judge
-from maintain.redgreen import Job, Outcome, Run
+from maintain.gate import Row, at, judge, touched_tests
+from maintain.redgreen import PYTEST, Job, Outcome, Run, read_run
 from maintain.refresh import build
-from maintain.repo import REPO, megatron_lm_checkout
+from maintain.repo import REPO, WORK, megatron_lm_checkout
+from maintain.trees import materialise
 from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, load, upstream_of
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Kind, Target
+from tests.test_wrong_fixes import variant_jobs
 
 
 pytestmark = pytest.mark.slow
@@ -138,16 +144,162 @@ class TestRefusals:
         assert "not a Megatron-LM git repository" in line
 
 
-def test_gate_holds_every_megatron_lm_patch_on_core_s_own_tests(upstream_checkout, tool_env):
-    """Red/green on each base-commit and on megatron-core 0.19.2, with the Megatron-LM clone of an upstream checkout
-    that holds those commits (about half an hour on 2 cores)."""
+@pytest.fixture(scope="module")
+def megatron_lm_clone(upstream_checkout) -> Path:
+    """The Megatron-LM clone of an upstream checkout, if it holds every base-commit of patches/megatron-lm."""
     clone = upstream_checkout / "3rdparty" / "Megatron-LM"
     held = [
         subprocess.run(["git", "-C", clone, "cat-file", "-e", f"{p.base_commit}^{{commit}}"]) for p in PATCHES.values()
     ]
     if any(done.returncode for done in held):
         pytest.skip(f"{clone} does not hold every base-commit of patches/megatron-lm: fetch them there")
-    gate = [sys.executable, "-m", "maintain.gate", "--megatron-lm", clone, "--checkouts-only"]
+    return clone
+
+
+def test_gate_holds_every_megatron_lm_patch_on_core_s_own_tests(megatron_lm_clone, tool_env):
+    """Red/green on each base-commit and on megatron-core 0.19.2, with the Megatron-LM clone of an upstream checkout
+    that holds those commits (about half an hour on 2 cores)."""
+    gate = [sys.executable, "-m", "maintain.gate", "--megatron-lm", megatron_lm_clone, "--checkouts-only"]
     result = subprocess.run(gate, cwd=REPO, env=tool_env, capture_output=True, text=True)
     rows = [line for line in result.stdout.splitlines() if line.startswith(("Megatron-LM ", "megatron-core "))]
     assert result.returncode == 0 and len(rows) == 4 and all(row.endswith("PASS") for row in rows), result.stdout
+
+
+# Lines of the fix's helper as the patches add it, the same on every branch. Each edit is a regex that must match once.
+GUARD = "    if is_training and not _warned_all_ones_mtp_loss_mask:\n"
+LOG = "        log_on_each_pipeline_stage(\n            logger,\n"
+LEVEL = "            logging.WARNING,\n"
+FLAG = "        _warned_all_ones_mtp_loss_mask = True\n"
+MESSAGE = '"MTP loss without a loss_mask: it falls back to all ones, so the MTP loss and its "\n'
+MESSAGE_END = '"when labels is None and MTP derives the labels from them.",\n'
+CORE_WRONG_FIXES = {
+    "a warning on every call": [(re.escape(FLAG), "")],
+    "a warning with a given loss_mask too": [
+        (
+            re.escape("    hidden_states = hidden_states_list[0]\n"),
+            "    hidden_states = hidden_states_list[0]\n    _all_ones_mtp_loss_mask(hidden_states, is_training)\n",
+        )
+    ],
+    "a warning in eval too": [(re.escape(GUARD), GUARD.replace("is_training and ", ""))],
+    "a warning whenever gradients are on, eval too": [
+        (re.escape(GUARD), GUARD.replace("is_training", "torch.is_grad_enabled()"))
+    ],
+    "silent when MTP derives the labels from input_ids": [
+        (
+            r"_all_ones_mtp_loss_mask\((?:mtp_labels|input_ids), is_training\)",
+            "(torch.ones_like(input_ids) if derived_labels_from_input_ids"
+            " else _all_ones_mtp_loss_mask(labels, is_training))",
+        )
+    ],
+    "logged at INFO": [(re.escape(LEVEL), LEVEL.replace("WARNING", "INFO"))],
+    "logged on every rank": [(re.escape(LOG), "        logger.log(\n")],
+    "logged on global rank 0 only (log_single_rank)": [
+        (re.escape(LOG), LOG.replace("log_on_each_pipeline_stage", "log_single_rank")),
+        (re.escape("    log_on_each_pipeline_stage,\n"), "    log_on_each_pipeline_stage,\n    log_single_rank,\n"),
+    ],
+}
+CORE_CORRECT_REWRITES = {
+    "another wording": [
+        (re.escape(MESSAGE), '"process_mtp_loss got no loss_mask and uses all ones: the MTP loss and its "\n')
+    ],
+    "the stage's first rank found by hand": [
+        (
+            re.escape(LOG + LEVEL),
+            "        if (\n"
+            "            parallel_state.get_tensor_model_parallel_rank() == 0\n"
+            "            and parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0\n"
+            "        ):\n"
+            "            logger.warning(\n",
+        )
+    ],
+    "the stage's groups passed": [
+        (
+            re.escape(MESSAGE_END),
+            MESSAGE_END
+            + "            tp_group=parallel_state.get_tensor_model_parallel_group(),\n"
+            + "            dp_cp_group=parallel_state.get_data_parallel_group(with_context_parallel=True),\n",
+        )
+    ],
+}
+# The helper is the same on every branch, so only a rewrite of where it is called can differ between them: dev calls it
+# from two fallbacks, main from one. dev is held to those rewrites alone, each session being minutes on 2 cores.
+BRANCH_VARIANTS = {
+    "main": CORE_WRONG_FIXES | CORE_CORRECT_REWRITES,
+    "dev": {name: CORE_WRONG_FIXES[name] for name in ["silent when MTP derives the labels from input_ids"]},
+}
+RANKS = 2  # enough for the cases that need more than one (TP, CP or PP 2) and for a rank that must stay silent
+
+
+def _on_ranks(job: Job) -> list[Run]:
+    """`job`'s session on RANKS ranks, each started with the variables torchrun gives core's unit tests."""
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        port = str(probe.getsockname()[1])
+    own = os.path.abspath(job.tree / (job.module.replace(".", "/") + ".py"))
+    with tempfile.TemporaryDirectory() as tmp:
+        session = [sys.executable, "-m", "pytest", *PYTEST, "-o", f"pythonpath={job.tree}", *job.args]
+        env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE=str(RANKS), MASTER_ADDR="localhost", MASTER_PORT=port)
+        ranks = []
+        try:
+            for rank in range(RANKS):
+                variables = env | {"RANK": str(rank), "LOCAL_RANK": str(rank)}
+                session_of_rank = [*session, f"--outcomes={tmp}/{rank}", f"--outcomes-module={job.module}"]
+                with open(f"{tmp}/{rank}.log", "w") as log:
+                    ranks.append(subprocess.Popen(session_of_rank, cwd=job.cwd, env=variables, stdout=log, stderr=log))
+            for process in ranks:
+                process.wait()
+        finally:  # a rank left waiting for its peer at a collective would wait for gloo's timeout
+            for process in ranks:
+                process.kill()
+        runs = [read_run(Path(tmp, str(rank))) for rank in range(RANKS)]
+        logs = [Path(tmp, f"{rank}.log").read_text()[-2000:] for rank in range(RANKS)]
+    assert all(run.outcomes for run in runs), f"a rank recorded nothing: {logs}"
+    assert all(run.module_files == {own} for run in runs), [run.module_files for run in runs]
+    return runs
+
+
+VARIANT_RUNS = {}
+
+
+def _variant_runs(clone: Path, branch: str) -> dict[str, dict[str, set[Outcome]]]:
+    """Per variant of the branch's fix, and "carried": each of its tests' outcomes over the ranks."""
+    if branch not in VARIANT_RUNS:
+        patch = PATCHES[branch]
+        root = at(Target("Megatron-LM", clone, Kind.CHECKOUT), patch.base_commit, MEGATRON_LM).root
+        work = WORK / "megatron-lm-variants" / branch
+        carried = materialise(root, work / "carried", patch, strip=1)
+        tests = sorted(touched_tests(patch.test_files(), root, carried))
+        job = Job((*tests, *MEGATRON_LM.options), carried / "src", carried, MEGATRON_LM.module)
+        variants = BRANCH_VARIANTS[branch]
+        jobs = variant_jobs(carried, f"src/{SOURCE}", job, work, variants)
+        runs = [_on_ranks(job) for job in jobs]
+        VARIANT_RUNS[branch] = {
+            name: {n: {run.of(n) for run in ranks} for n in ranks[0].outcomes}
+            for name, ranks in zip([*variants, "carried"], runs)
+        }
+    return VARIANT_RUNS[branch]
+
+
+class TestCoreWrongFixes:
+    """Core's own test, on RANKS ranks, tells the fix from plausible wrong ones and from correct ones written another
+    way (about 10 sessions of 2 ranks: half an hour on 2 cores, longer under load)."""
+
+    @pytest.mark.parametrize("branch", BRANCH_VARIANTS)
+    def test_the_carried_fix_passes_every_case_on_every_rank(self, megatron_lm_clone, branch):
+        carried = _variant_runs(megatron_lm_clone, branch)["carried"]
+        assert carried and all(outcomes == {Outcome.PASSED} for outcomes in carried.values()), carried
+
+    @pytest.mark.parametrize(
+        "branch, name", [(b, n) for b, names in BRANCH_VARIANTS.items() for n in names if n in CORE_WRONG_FIXES]
+    )
+    def test_wrong_fix_is_caught(self, megatron_lm_clone, branch, name):
+        variant = _variant_runs(megatron_lm_clone, branch)[name]
+        # By assertion only: a rank that fails otherwise (a timeout, say) leaves its peer's cases out of step.
+        assert [n for n, outcomes in variant.items() if Outcome.ASSERTION in outcomes], f"no case notices: {name}"
+
+    @pytest.mark.parametrize(
+        "branch, name", [(b, n) for b, names in BRANCH_VARIANTS.items() for n in names if n in CORE_CORRECT_REWRITES]
+    )
+    def test_correct_rewrite_passes(self, megatron_lm_clone, branch, name):
+        runs = _variant_runs(megatron_lm_clone, branch)
+        assert runs[name] == runs["carried"], name
