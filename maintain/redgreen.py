@@ -88,15 +88,21 @@ def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: lis
     )
 
 
-def run_many(jobs: list[Job], python: str = sys.executable) -> list[Run]:
-    """Run the jobs' sessions, forked from one warm `python`; each must import its module from its own tree."""
+def start_runner(python: str = sys.executable, bridge_tree: Path | None = None) -> subprocess.Popen:
+    """The runner, `python -m maintain.redgreen`, waiting for its jobs on stdin; warm from `bridge_tree` meanwhile."""
+    command = [python, "-m", "maintain.redgreen", *([str(bridge_tree)] if bridge_tree else [])]
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(command, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), **pipes)
+
+
+def run_many(jobs: list[Job], python: str = sys.executable, runner: subprocess.Popen | None = None) -> list[Run]:
+    """Run the jobs' sessions, forked from one warm runner; each must import its module from its own tree."""
+    runner = runner or start_runner(python)
     with tempfile.TemporaryDirectory() as tmp:
         specs = [(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd), job.module) for i, job in enumerate(jobs)]
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        runner = [python, "-m", "maintain.redgreen"]  # reads the specs as JSON on stdin
-        done = subprocess.run(runner, input=json.dumps(specs), capture_output=True, text=True, env=env)
-        if done.returncode != 0:
-            why = (done.stderr.strip().splitlines() or ["?"])[-1]
+        _, stderr = runner.communicate(json.dumps(specs))  # the specs as JSON on stdin
+        if runner.returncode != 0:
+            why = (stderr.strip().splitlines() or ["?"])[-1]
             raise ToolError(f"the pytest runner failed: {why}", Exit.FAILED)
         runs = [read_run(Path(out)) for out, *_ in specs]
     for job, run in zip(jobs, runs):
@@ -209,16 +215,19 @@ def _session(out: str, tree: str, args: list[str], cwd: str, module: str, warmed
 
 
 if __name__ == "__main__":  # the runner: each [out, tree, args, cwd, module] on stdin is one session, in a fork
-    specs = json.load(sys.stdin)
+    early = sys.argv[1:2]  # a Megatron-Bridge tree to warm from before the specs come; its sessions test that module
+    specs = [] if early else json.loads(sys.stdin.read() or "[]")  # nothing: the suite that started it has ended
     bridge = all(spec[4] == GPT_STEP_MODULE for spec in specs)
     for module in WARM if bridge else ("torch",):  # what the environment lacks is skipped (core < 0.17: no training)
         if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
             importlib.import_module(module)
-    if specs and bridge:
-        _warm_bridge(specs[0][1])
+    warmed = (early or [spec[1] for spec in specs] or [None])[0]
+    if warmed and bridge:
+        _warm_bridge(warmed)
+    specs = json.loads(sys.stdin.read() or "[]") if early else specs
     parallel = os.cpu_count() or 1
     fork = multiprocessing.get_context("fork")  # not a Pool: it waits forever on a worker that died
-    pending, running = [fork.Process(target=_session, args=(*spec, specs[0][1])) for spec in specs], []
+    pending, running = [fork.Process(target=_session, args=(*spec, warmed)) for spec in specs], []
     while pending or running:  # a session that dies (os._exit, a signal) ends there: its tests read "did not run"
         while pending and len(running) < parallel:
             running.append(pending.pop(0))

@@ -3,7 +3,8 @@
 `./run test` is the push tier; `./run test --all` adds the tests marked `slow`. Every session records each test's
 outcome (maintain.redgreen), so that red/green holds what this session measured on the view against a session on the
 release as shipped. The sessions red/green and the wrong fixes need of other trees depend on nothing this session
-does, so they start once the suite is collected, on the core the tool's tests leave idle.
+does, so they run on the core the tool's tests leave idle: their runner starts before a whole tier is collected and
+imports the pinned release meanwhile, and they start once the suite is collected.
 """
 
 import compileall
@@ -42,6 +43,23 @@ def pytest_configure(config):
         path.unlink(missing_ok=True)
         config.option.outcomes = str(path)
         _compile_the_trees()
+        if _whole_suite(config):  # its runner imports the pinned release while this session collects
+            from tests.support import sessions  # here: importing redgreen before pytest_plugins would warn
+
+            sessions.BATCH.warm(release(pins()["megatron-bridge"]).root)
+
+
+def _whole_suite(config) -> bool:
+    """Whether the session runs a whole tier: no paths, -k or -m given."""
+    options = config.option
+    chosen = options.keyword or options.markexpr or options.collectonly
+    return config.args_source is pytest.Config.ArgsSource.TESTPATHS and not chosen
+
+
+def pytest_sessionfinish(session):
+    from tests.support import sessions
+
+    sessions.BATCH.close()
 
 
 @pytest.fixture(scope="session")

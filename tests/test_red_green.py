@@ -52,11 +52,12 @@ def _bridge_jobs() -> list[Job]:
 
 
 def start_early(session) -> None:
-    """The base's session, then the runner's two, queued by tests/conftest.py once the suite is collected
+    """The base's session, then the runner's two where the session runs TestRunner, queued by tests/conftest.py once
     (tests/support/sessions.py: one warm runner for them and the wrong-fix variants; the first job's tree is the one
     whose megatron.bridge the runner imports before it forks)."""
     EARLY["base"] = sessions.BATCH.add([_base_job(session.config)])
-    EARLY["bridge"] = sessions.BATCH.add(_bridge_jobs())
+    if any(item.cls is TestRunner for item in session.items):
+        EARLY["bridge"] = sessions.BATCH.add(_bridge_jobs())
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +126,7 @@ def bridge_found():
     }
 
 
+@pytest.mark.slow  # a tree whose megatron.bridge differs imports it again: about 20 CPU-s
 class TestRunner:
     """The runner imports megatron.bridge once from the first session's tree; each session must still run its own."""
 

@@ -1,5 +1,8 @@
 """Writing a target: `apply` and `revert` on each kind, all or nothing, one writer at a time, under signals and kill -9,
-and a journal that never writes into a tree that changed since."""
+and a journal that never writes into a tree that changed since.
+
+The tests that signal or kill the tool as a process of its own are marked slow (`./run test --all`); the push tier keeps
+the tool run in-process and the ranks that start at once."""
 
 import errno
 import fcntl
@@ -124,6 +127,7 @@ SIGNAL_CASES = [("checked", INT), ("journaled", TERM), ("replaced", INT), ("repl
 SIGNAL_CASES += [("verifying", TERM), ("verified", HUP), ("done", INT), ("done", TERM)]
 
 
+@pytest.mark.slow
 class TestSignals:
     """SIGINT, SIGTERM, SIGHUP at each phase of apply (and of revert): bytes as before (or as the command left them
     once it had finished), one line saying which, exit 128+n, no journal left."""
@@ -162,6 +166,7 @@ class TestSignals:
             assert "rolled back: the files are as before" in err and snapshot(site_packages.root) == patched
 
 
+@pytest.mark.slow
 class TestKilled:
     """kill -9 mid-apply: the journal makes the next check and verify tell the truth, and the next apply recovers."""
 
@@ -237,6 +242,7 @@ class TestFileSystemErrors:
 class TestTemporaryFolders:
     """Nothing a killed run made stays outside TARGET: the next run removes the temporary folders it left in $TMPDIR."""
 
+    @pytest.mark.slow
     def test_a_folder_left_by_kill_9_goes_with_the_next_run(self, cli, tool_env, tmp_path, snapshot, site_packages):
         env, before = dict(tool_env, TMPDIR=str(tmp_path / "tmpdir")), snapshot(site_packages.root)
         others = {"mtp-mask-fix-watch-live", "tmp-of-another-program"}  # not this run's to remove
@@ -313,6 +319,7 @@ class TestJournal:
 
         return make
 
+    @pytest.mark.slow
     def test_a_tree_replaced_by_another_release_is_left_as_it_is(self, cli, refused, snapshot, killed, release_root):
         """pip installed another release over the killed run's tree: its files stay, and the step the refusal names
         works."""
@@ -327,6 +334,7 @@ class TestJournal:
         result = cli("apply", "--no-verify", root)
         assert result.stdout == f"{root}: applied (source hunks only, {BACKPORT_FILE})\n", result.stderr
 
+    @pytest.mark.slow
     def test_another_release_whose_file_the_run_had_patched(self, cli, refused, snapshot, killed):
         root = killed(PINNED_RELEASE)
         info = root / "megatron/bridge/package_info.py"
@@ -335,12 +343,14 @@ class TestJournal:
         refused(cli("apply", "--no-verify", root), 2, f"it was made for megatron-bridge {PINNED_RELEASE}")
         assert snapshot(root) == before
 
+    @pytest.mark.slow
     def test_check_names_the_step_that_works(self, cli, killed, release_root):
         root = killed(PINNED_RELEASE)
         assert "the next `apply` or `revert` puts it back first" in verdict(cli("check", root), 5)
         install(release_root("0.5.1"), root)
         assert f"if the files are as you want them, remove {root / JOURNAL}" in verdict(cli("check", root), 5)
 
+    @pytest.mark.slow
     def test_revert_after_a_killed_apply_puts_the_release_back(self, cli, killed, release_root):
         root = killed(PINNED_RELEASE)
         result = cli("revert", root)
@@ -352,6 +362,7 @@ class TestJournal:
             release_root(PINNED_RELEASE) / "megatron/bridge/training/gpt_step.py"
         ).read_bytes()
 
+    @pytest.mark.slow
     def test_the_same_release_put_back_by_a_reinstall(self, cli, killed, release_root, patched_gpt_step):
         root = killed(PINNED_RELEASE)
         install(release_root(PINNED_RELEASE), root)
@@ -445,6 +456,7 @@ class TestStartUp:
         script = (Path(sys.executable).parent / "mtp-mask-fix").read_text()
         assert "from mtp_mask_fix.__main__ import main" in script
 
+    @pytest.mark.slow
     @pytest.mark.parametrize("delay", [0.0, 0.02, 0.05, 0.1, 0.2])
     def test_ctrl_c_at_start_up_is_one_line(self, tool_env, tmp_path, site_packages, delay):
         """From the tool's first line on (its handlers are up: the interpreter's own start-up is Python's), while

@@ -1,7 +1,8 @@
 """`mtp-mask-fix watch` without the tiny model: its bad input, a command that dies or is interrupted (once, or twice
 for a job that ignores the first), a sitecustomize of the user's that keeps working, the one line it says of a
 megatron-core it cannot watch (a stand-in package first on the import path), and which ranks get a line of their
-own. tests/watch runs it on the real tiny model."""
+own. tests/watch runs it on the real tiny model. Its jobs run as processes of their own; the push tier keeps its bad
+input and the verdicts judged in-process, the rest is marked slow (`./run test --all`)."""
 
 import os
 import signal
@@ -87,6 +88,7 @@ NO_CALL = {  # the job, the stand-in core (or none), exit code, how the one line
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NO_CALL)
 def test_a_job_without_an_mtp_loss_call_is_one_line_never_exit_0(cli, env, tmp_path, name):
     """No code of the table but its own: a command's 3 or 7 is not `check`'s 3 nor a finding's 7."""
@@ -100,6 +102,7 @@ def test_a_job_without_an_mtp_loss_call_is_one_line_never_exit_0(cli, env, tmp_p
     assert list((tmp_path / "tmp").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_the_users_sitecustomize_still_runs(cli, env, tmp_path):
     """Found after watch's own on the path, it runs as `sitecustomize` in every process, as it did without watch."""
     (tmp_path / "site").mkdir()
