@@ -272,6 +272,10 @@ def sync(folder: Path, *flags: str) -> Path:
     # .venv's editable install of the tool gives it. Rewritten each time: cheap, and they follow the checkout.
     Path(site, "mtp-mask-fix-cpu-shims.pth").write_text(f"{REPO / 'tinymodel' / 'site'}\n")
     Path(site, "mtp-mask-fix-checkout.pth").write_text(f"{REPO}\n")
+    # Bytecode, PYTHONDONTWRITEBYTECODE or not, written by the first interpreter that imports a module, into
+    # .work/pycache: only what the suite imports is compiled, once, and no tree under test gains a __pycache__.
+    prefix = f"import sys; sys.pycache_prefix = {str(WORK / 'pycache')!r}; sys.dont_write_bytecode = False\n"
+    Path(site, "mtp-mask-fix-bytecode.pth").write_text(prefix)
     return venv / "bin" / "python"
 
 

@@ -1,5 +1,6 @@
 """Trees to put first on the import path: a base's symlink farm in which only what a diff touches is real."""
-# Every other directory is the base's, bytecode included, so nothing recompiles: gate's trees and the wrong fixes'.
+# Every other entry links to the base's, so a session warm from the base keeps its modules: gate's trees and the
+# wrong fixes'.
 
 import shutil
 from pathlib import Path

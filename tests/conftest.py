@@ -7,7 +7,6 @@ does, so they run on the core the tool's tests leave idle: their runner starts b
 imports the pinned release meanwhile, and they start once the suite is collected.
 """
 
-import compileall
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from maintain.repo import VIEW, WORK, pins, release
+from maintain.repo import WORK, pins, release
 
 
 pytest_plugins = ["maintain.redgreen", "tests.support.targets"]
@@ -42,7 +41,6 @@ def pytest_configure(config):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.unlink(missing_ok=True)
         config.option.outcomes = str(path)
-        _compile_the_trees()
         if _whole_suite(config):  # its runner imports the pinned release while this session collects
             from tests.support import sessions  # here: importing redgreen before pytest_plugins would warn
 
@@ -76,14 +74,6 @@ def _signal_mask():
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     yield
     signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-
-
-def _compile_the_trees() -> None:
-    """Write bytecode for the pinned release and the view once, for every session and probe that imports them."""
-    # With PYTHONDONTWRITEBYTECODE set (as on this machine) each import would otherwise compile Megatron-Bridge again.
-    for tree in (release(pins()["megatron-bridge"]).root, VIEW):
-        if tree.is_dir():
-            compileall.compile_dir(tree, quiet=2, workers=1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,6 @@
 """verify judges by behaviour: the probe runs each release line's own forward_step in that line's environment, as a
 training job imports it; apply verifies the same way, and revert gives the release's bytes back."""
 
-import compileall
 import os
 import shutil
 import subprocess
@@ -44,7 +43,7 @@ def interpreter(version: str) -> str:
 
 def as_shipped(version: str) -> Path:
     """A copy of the line's Megatron-Bridge whose only file of its own is gpt_step.py: the release's site-packages
-    (the rest links to it: its bytecode, compiled here once, serves every probe), or main's src/ at HEAD."""
+    (the rest links to it), or main's src/ at HEAD."""
     if version == "main":
         root = WORK / "verify-lines" / "main"
         root.mkdir(parents=True)
@@ -54,10 +53,8 @@ def as_shipped(version: str) -> Path:
             check=True,
         )
         subprocess.run(["tar", "-x", "-C", root], input=archive.stdout, check=True)
-        compileall.compile_dir(root, quiet=2, workers=1)
         return root
     release = release_target(version).root
-    compileall.compile_dir(release, quiet=2, workers=1)
     return materialise(release, WORK / "verify-lines" / version, rewrite={GPT_STEP: (release / GPT_STEP).read_text()})
 
 
