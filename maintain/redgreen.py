@@ -1,10 +1,11 @@
 """Red/green: its contract (Outcome, Run, problems), and the runner and pytest plugin that measure it.
 
-`run_many` starts `python -m maintain.redgreen` in the interpreter under test, which imports the third-party stack and
-the first tree's megatron.bridge once, then forks a pytest session per job with that job's tree first on the import
-path. A forked session keeps the warm megatron.bridge only where each of its modules is the same file in its own tree:
-it saves the push tier about a third of the wrong fixes' CPU time (CONTRIBUTING.md). Megatron-LM's trees hold megatron.core
-itself, which that stack would import from the environment: their sessions start warm with torch alone.
+`run_many` runs `python -m maintain.redgreen` in the interpreter under test (`start_runner` may start it before the
+jobs are known), which imports the third-party stack and the first tree's megatron.bridge once (or the tree it was
+started with), then forks a pytest session per job with that job's tree first on the import path. A forked session
+keeps the warm megatron.bridge only where each of its modules is the same file in its own tree: it saves the push tier
+about a third of the wrong fixes' CPU time (CONTRIBUTING.md). Megatron-LM's trees hold megatron.core itself, which that
+stack would import from the environment: their sessions start warm with torch alone.
 """
 
 import importlib.util

@@ -1,8 +1,8 @@
 """The suite's background pytest sessions (red/green's base, the wrong-fix variants), batched into one
-`maintain.redgreen.run_many` call: one warm process imports the third-party stack once and forks every session, two at a
-time, instead of one warm process per module. tests/conftest.py starts the runner before the suite is collected where
-the whole suite runs (it imports the pinned release meanwhile), modules add their jobs in `start_early`, and
-tests/conftest.py gives the runner the batch once every module has added its own."""
+`maintain.redgreen.run_many` call: one warm process imports the third-party stack once and forks every session, two
+at a time, instead of one warm process per module. Where a whole tier runs, tests/conftest.py starts that process
+before the suite is collected (it imports the pinned release meanwhile); modules add their jobs in `start_early`, and
+tests/conftest.py hands it the batch once every module has added its own."""
 
 from pathlib import Path
 
