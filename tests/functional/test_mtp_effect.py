@@ -12,16 +12,18 @@ import json
 import math
 import shutil
 import signal
+import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from experiments import command, effect, effect_arm, repro, stats, training
+from experiments import analysis, command, design, effect, effect_arm, printout, repro, stats, training
 from experiments.synthetic import BOS, EOS, PAD, ROLES, SEP
-from maintain.repo import VIEW, pins, release
+from maintain.repo import REPO, VIEW, pins, release
 from mtp_mask_fix.paths import GPT_STEP, is_gpt_step_of
 from mtp_mask_fix.signals import Interrupted
 from tinymodel import worker
@@ -75,7 +77,7 @@ def _numbers(value):
 
 def _bridge_runs(figures):
     """(setting, data) of the settings whose MTP mask the tree decides."""
-    return [(name, figures["settings"][name]) for name in effect.BRIDGE]
+    return [(name, figures["settings"][name]) for name in design.BRIDGE]
 
 
 class TestEffectArms:
@@ -90,14 +92,14 @@ class TestEffectArms:
         hashes = [h for arm in arms.values() for per_seed in arm["sft_data_sha256"].values() for h in per_seed]
         assert None not in hashes  # the small run makes every run in both arms
         by_setting = arms["patched"]["sft_data_sha256"]
-        for name, shared in effect.SPLIT_BY.items():  # each one's batches are its Bridge setting's
+        for name, shared in design.SPLIT_BY.items():  # each one's batches are its Bridge setting's
             assert by_setting[shared] == by_setting[name]
-        assert len({h for name in effect.BRIDGE for h in by_setting[name]}) == len(effect.BRIDGE) * len(SEEDS)
+        assert len({h for name in design.BRIDGE for h in by_setting[name]}) == len(design.BRIDGE) * len(SEEDS)
         assert figures["same_pretrained_weights"] is True and figures["same_data"] is True
 
     def test_the_experiments_mtp_mask_gives_the_same_run_in_either_tree(self, figures):
         """The shared setting sets the MTP mask itself, so its runs may be split between the arms by seed."""
-        assert figures["shared_runs_equal"] == [True] * len(SEEDS) * len(effect.SHARED)
+        assert figures["shared_runs_equal"] == [True] * len(SEEDS) * len(design.SHARED)
 
     def test_step_one_is_the_same_forward_in_every_run(self, figures):
         """Same weights, same batch: the LM loss and each role's MTP CE agree before the first update."""
@@ -136,7 +138,7 @@ class TestEffectArms:
         arms = figures["arms"]
         same = [
             f"seed {seed}, {name}"
-            for name in effect.BRIDGE
+            for name in design.BRIDGE
             for seed, u, p in zip(
                 SEEDS,
                 arms["unpatched"]["fine_tuned_weights_sha256"][name],
@@ -150,20 +152,20 @@ class TestEffectArms:
 class TestEffectFigures:
     def test_figures_are_finite_and_complete(self, figures):
         assert all(math.isfinite(x) for x in _numbers(figures))
-        assert list(figures["settings"]) == list(effect.BRIDGE)
+        assert list(figures["settings"]) == list(design.BRIDGE)
         for name, setting in figures["settings"].items():
             assert sum(setting["step_one_mix"].values()) == pytest.approx(1.0)
-            assert list(setting["runs"]) == list(effect.VIEWS[name]["runs"])
+            assert list(setting["runs"]) == list(design.DESIGNS[name].runs)
             for run in setting["runs"].values():
-                assert set(run["final"]) >= set(effect.METRICS) | set(effect.DESCRIPTIVE)
+                assert set(run["final"]) >= set(design.METRICS) | set(design.DESCRIPTIVE)
                 assert all(len(v) == len(SEEDS) for v in run["final"].values())
                 assert run["curves"]["steps"] == figures["plan"]["eval_steps"]
             for contrast in setting["contrasts"]:
-                assert all(len(contrast[m]["values"]) == len(SEEDS) for m in effect.METRICS)  # None: none counted
+                assert all(len(contrast[m]["values"]) == len(SEEDS) for m in design.METRICS)  # None: none counted
             assert setting["conclusion"].startswith(f"{name}: ")
 
     def test_tables(self, figures):
-        tables = effect.format_tables(figures)
+        tables = printout.format_tables(figures)
         assert "size small (3 SFT steps), seeds 0-0 (n=1)" in tables
         for name, setting in figures["settings"].items():
             assert f"== setting {name}: {setting['description']}" in tables
@@ -185,7 +187,7 @@ class TestSeedsKept:
     def test_an_arm_that_finishes_no_seed_in_time_is_stopped_and_named(self, tree, mocker, capsys, tmp_path):
         """The limit is STALL times the seconds a seed is expected to take: here a hundredth of a second."""
         mocker.patch.object(command, "START_S", 0)
-        mocker.patch.dict(effect.SEED_SECONDS, {"small": 0.01})
+        mocker.patch.dict(design.SIZES, {"small": replace(design.SIZES["small"], seed_seconds=0.01)})
         arms = effect.start_effect("small", SEEDS, trees={"unpatched": BASE, "patched": tree}, keep=tmp_path)
         with pytest.raises(command.Stopped, match=rf"arm finished no seed in \d+ s, {command.STALL} x the 0 s a seed"):
             arms.wait()
@@ -230,15 +232,15 @@ def test_a_contrast_that_negates_an_earlier_one_is_printed_once():
     """With the fix exactly 0 the prompt's part is the padding's part negated: one verdict says both."""
     values = {"fix": [0.0] * 5, "zero": [0.0] * 5, "padding": [0.1, -0.2, 0.3, 0.1, 0.2]}
     contrasts = [
-        {"name": n, "what": n, "endpoint": effect.PRIMARY, effect.PRIMARY: stats.summary(v)} for n, v in values.items()
+        {"name": n, "what": n, "endpoint": design.PRIMARY, design.PRIMARY: stats.summary(v)} for n, v in values.items()
     ]
     negated = stats.summary([-v for v in values["padding"]])
-    contrasts.append({"name": "prompt", "what": "x", "endpoint": effect.PRIMARY, effect.PRIMARY: negated})
-    stats.holm([c[effect.PRIMARY] for c in contrasts])
+    contrasts.append({"name": "prompt", "what": "x", "endpoint": design.PRIMARY, design.PRIMARY: negated})
+    stats.holm([c[design.PRIMARY] for c in contrasts])
     for i, c in enumerate(contrasts):
-        c["negative_of"] = effect.negative_of(c, contrasts[:i])
+        c["negative_of"] = analysis.negative_of(c, contrasts[:i])
     assert [c["negative_of"] for c in contrasts] == [None, None, None, "padding"]  # zeros negate zeros: no duplicate
-    line = effect.conclusion("cell", contrasts)
+    line = analysis.conclusion("cell", contrasts)
     assert line.count("no difference") == 3 and "prompt: the exact negative of padding in every seed" in line
 
 
@@ -260,8 +262,8 @@ def test_every_setting_the_plan_runs_is_analysed(size):
         arm: {(name, seed): {} for seed, names in zip(seeds, plan.runs) for name in names}
         for arm, plan in effect.plans(size, seeds).items()
     }
-    planned = set(effect.PLATEAU) if size == "plateau" else {*effect.BRIDGE, *effect.SHARED}
-    assert effect.settings_run(by_arm, list(seeds)) == planned
+    planned = set(design.PLATEAU) if size == "plateau" else {*design.BRIDGE, *design.SHARED}
+    assert analysis.settings_run(by_arm, list(seeds)) == planned
 
 
 def _logits(tokens: torch.Tensor, table: dict) -> torch.Tensor:
@@ -377,6 +379,12 @@ class TestCommands:
         assert exit_.value.code == 0 and "--seeds" in capsys.readouterr().out
         assert _view_stamp() == before and not (tmp_path / "out").exists()
 
+    @pytest.mark.parametrize("name", ["effect", "repro"])
+    def test_help_is_the_usage_alone(self, name):
+        """As a user runs it: no third-party warning (megatron-core's about Transformer Engine or Apex) before it."""
+        done = subprocess.run([str(REPO / "run"), name, "--help"], capture_output=True, text=True)
+        assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith(f"usage: ./run {name} ")
+
     @pytest.mark.parametrize("module", [effect, repro])
     @pytest.mark.parametrize(
         "args",
@@ -426,7 +434,7 @@ class TestCommands:
         assert f"control: {0 if zeroed else len(contrasts)} of {len(contrasts)} contrasts" in out
         assert command.Arms.call_args.args[1] == {arm: BASE for arm in command.ARMS}
         plans = [json.loads(plan)["runs"] for plan in command.Arms.call_args.args[2].values()]
-        assert all(list(runs) == list(effect.BRIDGE) for arm in plans for runs in arm)  # the arms' contrasts only
+        assert all(list(runs) == list(design.BRIDGE) for arm in plans for runs in arm)  # the arms' contrasts only
 
     def test_seeds(self):
         assert command.seeds("10-19") == tuple(range(10, 20))
