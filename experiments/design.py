@@ -90,6 +90,16 @@ ENDPOINTS = {
 BRIDGE = tuple(ENDPOINTS)
 # What --plateau runs: where the fix went against drafting speed, where it went for it, and the report's regime.
 PLATEAU = ("same-language short/first", "same-language long/second", "report-like")
+# What --course runs (experiments/PLAN.md, its amendment): every setting whose drafting speed the fix moved at 50 SFT
+# steps, decoded after each of COURSE_STEPS.
+COURSE = (
+    "same-language short/first",
+    "same-language long/second",
+    "distinct-answers",
+    "padding-only",
+    "report-like",
+)
+COURSE_STEPS = (25, 50, 100, 200, 400, 600)
 # Its MTP mask is the experiment's (never padding): run by either arm, one per setting the fix is split in.
 SPLIT_BY = {name: f"no-padding-mtp {name.removeprefix('same-language ')}" for name in SPLIT_SETTINGS}
 SHARED = tuple(SPLIT_BY.values())

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from experiments import analysis, command, design, effect, effect_arm, printout, repro, stats, training
+from experiments import analysis, command, design, effect, effect_arm, power, printout, repro, stats, training
 from experiments.synthetic import BOS, EOS, PAD, ROLES, SEP
 from maintain.repo import REPO, VIEW, pins, release
 from mtp_mask_fix.paths import GPT_STEP, is_gpt_step_of
@@ -363,6 +363,25 @@ class TestStatistics:
     def test_signs(self):
         s = stats.summary([1e-9, -1e-9, 0.002, -0.003, 0.0])
         assert stats.signs(s) == "higher in 2, lower in 2, equal in 1 of 5"
+
+
+class TestPower:
+    def test_at_no_difference_the_power_is_the_level(self):
+        assert power.power(10, 0.0, 0.1, 0.01) == pytest.approx(0.01, rel=1e-9)
+
+    def test_seeds_for_is_the_fewest_seeds_with_the_power_sought(self):
+        n = power.seeds_for(0.075, 0.0389, 0.05 / 7)
+        assert power.power(n, 0.075, 0.0389, 0.05 / 7) >= power.TARGET > power.power(n - 1, 0.075, 0.0389, 0.05 / 7)
+
+    def test_the_pooled_sd_takes_each_runs_own_mean_out(self):
+        assert power.pooled_sd([[1.0, 3.0], [11.0, 13.0, None]]) == pytest.approx(math.sqrt(2))
+
+    def test_the_short_runs_seeds_are_what_the_plans_table_sizes(self):
+        """The default seeds of `./run effect` are as many as the largest 'seeds for 80 %' of the plan's primary
+        family on tokens per verify step (the family that sized it)."""
+        rows = [row.split(" | ") for row in power.plan_table()[2:]]
+        primary = [int(cells[3]) for cells, spec in zip(rows, power.PLAN_ROWS) if spec[3:] == (design.PRIMARY, 7)]
+        assert max(primary) == len(command.seeds(design.SIZES["short"].seeds))
 
 
 def _view_stamp():
