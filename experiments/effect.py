@@ -4,14 +4,16 @@ experiments/PLAN.md, the release as shipped against the release + patch, measure
     ./run effect [--seeds A-B] [--out DIR] [--keep DIR]   the plan's seeds, a short SFT (prints its time)
     ./run effect --control                                 the release in both arms: every contrast "no difference"
     ./run effect --plateau                                 three settings, SFT to a plateau (PLATEAU)
+    ./run effect --course                                  the effect over training, and the dilution arm (COURSE)
 
 The analysis (settings, endpoints, seeds, the Holm families, the verdict words) is experiments/PLAN.md's. Each arm is
 a process with its own tree first on the import path (experiments.effect_arm says what it does); each finished seed
 is said as it comes and kept under --keep, and the same command reuses it, so a run that stops (a signal, a failed
-or stalled arm: both are named) resumes where it stopped. The settings `no-padding-mtp <setting>` give the model an
-MTP mask of their own (prompt and answer, never padding), so they do not depend on the tree; their runs are split
-between the two processes, and the suite checks that both trees give them bit-identical weights. Every figure is
-measured in the run; nothing here asserts what the effect is.
+or stalled arm: both are named) resumes where it stopped. The settings `no-padding-mtp <setting>` (prompt and
+answer, never padding) and `release-weight <setting>` (the loss mask, each position at the release's weight) give the
+MTP loss a mask and a scale of their own, so they do not depend on the tree; their runs are split between the two
+processes, and the suite checks that both trees give them bit-identical weights. Every figure is measured in the
+run; nothing here asserts what the effect is.
 
 The settings and what is compared are experiments.design's, the analysis experiments.analysis's (figures.json's
 format), the printout experiments.printout's.
@@ -66,13 +68,13 @@ def finish_effect(arms: command.Arms, size: str, control: bool = False) -> dict:
 def run(args) -> tuple[str, Exit]:
     """`./run effect`: both arms and the tables, the figures into --out if given; exit 5 where a control differs, an arm
     failed or stalled."""
-    size = "plateau" if args.plateau else "short"
+    size = "plateau" if args.plateau else "course" if args.course else "short"
     args.seeds = args.seeds or command.seeds(SIZES[size].seeds)
     seed_seconds = SIZES[size].seed_seconds
-    cpu = seed_seconds * len(args.seeds)
     print(
-        f"[effect] both arms, {len(args.seeds)} seeds, size {size}: about {cpu / 60:.0f} min per arm ({seed_seconds:g} "
-        f"s a seed); each finished seed is kept in {args.keep} and reused by the same command",
+        f"[effect] both arms, {len(args.seeds)} seeds, size {size}: about {seed_seconds * len(args.seeds) / 60:.0f} "
+        f"CPU-min per arm as experiments/PLAN.md reckons it ({seed_seconds:g} CPU-s a seed); each finished seed is "
+        f"kept in {args.keep} and reused by the same command",
         file=sys.stderr,
         flush=True,
     )
@@ -100,7 +102,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser = command.parser("./run effect", __doc__.split("\n\n")[0], None, said)
     steps = SIZES["plateau"].plan["sft_steps"], Plan.sft_steps
-    parser.add_argument("--plateau", action="store_true", help="%d SFT steps instead of %d" % steps)
+    kind = parser.add_mutually_exclusive_group()
+    kind.add_argument("--plateau", action="store_true", help="%d SFT steps instead of %d" % steps)
+    kind.add_argument(
+        "--course",
+        action="store_true",
+        help="%s SFT steps, decoded after each of %s, with a run at the release's weight (experiments/PLAN.md)"
+        % (SIZES["course"].plan["sft_steps"], ", ".join(map(str, SIZES["course"].plan["decode_at"]))),
+    )
     parser.add_argument("--control", action="store_true", help="the release in both arms (a negative control)")
     parser.add_argument(
         "--keep",

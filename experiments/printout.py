@@ -5,7 +5,7 @@ time taken. Every number printed is one of the figures; the words are the plan's
 import statistics
 
 from experiments import stats
-from experiments.design import ARMS, DESCRIPTIVE, METRICS, PRIMARY, SMALLEST
+from experiments.design import ARMS, DESCRIPTIVE, FAMILIES, METRICS, PRIMARY, READ_AT, SMALLEST
 from experiments.synthetic import ROLES
 
 
@@ -71,7 +71,8 @@ def _step_one(data: dict) -> list[str]:
     return [
         f"SFT step 1, same weights and batch in every run (mean over seeds); MTP targets: {mix}",
         *table(labels, rows),
-        f"unpatched MTP loss mass on padding, per seed: min {min(mass):.3f}, max {max(mass):.3f}",
+        f"unpatched MTP loss mass on padding, as measured: mean {_mean(mass)}, per seed min {min(mass):.3f}, max "
+        f"{max(mass):.3f}",
     ]
 
 
@@ -92,11 +93,29 @@ def _after_training(data: dict, metrics: dict[str, str], sft_steps: int) -> list
     ]
 
 
+def _decoded(data: dict) -> list[str]:
+    """Where the design decodes along the way: the primary endpoint and the EOS drafts accepted, per run and step."""
+    labels = list(data["runs"])
+    decoded = [data["runs"][r]["decoded"] for r in labels]
+    lines = []
+    for metric in (PRIMARY, "eos-acceptance"):
+        label = (METRICS | DESCRIPTIVE)[metric]
+        rows = [
+            (f"{INDENT}step {step}", [_mean(d[metric][k]) for d in decoded])
+            for k, step in enumerate(decoded[0]["steps"])
+        ]
+        lines += [f"{label} after each decoded SFT step (mean over seeds)", *table(labels, rows)]
+    return lines
+
+
 def _contrasts(data: dict) -> list[str]:
     """Each contrast on every endpoint with its unadjusted 95 % interval, and core's logged acceptance's error."""
     lines = []
     for c in data["contrasts"]:
-        lines.append(f"{c['treatment']} - {c['control']} ({c['name']}), paired by seed: mean [95 % t, unadjusted]")
+        after = f" after SFT step {c['step']}" if "step" in c else ""
+        lines.append(
+            f"{c['treatment']} - {c['control']} ({c['name']}){after}, paired by seed: mean [95 % t, unadjusted]"
+        )
         rows = [(label, f"{stats.interval(c[m])}; {stats.signs(c[m])}") for m, label in METRICS.items()]
         lines += _columns(rows)
     lines.append("logged minus true acceptance (core's mtp_1_acceptance_rate - MTP top-1 on the loss positions):")
@@ -117,33 +136,49 @@ def format_tables(figures: dict) -> str:
     lines = _head(figures)
     for name, data in figures["settings"].items():
         lines += ["", f"== setting {name}: {data['description']}", *_step_one(data)]
-        lines += _after_training(data, figures["metrics"], figures["plan"]["sft_steps"]) + _contrasts(data)
+        lines += _after_training(data, figures["metrics"], figures["plan"]["sft_steps"])
+        lines += (_decoded(data) if "decoded" in next(iter(data["runs"].values())) else []) + _contrasts(data)
+    contrasts = [c for data in figures["settings"].values() for c in data["contrasts"]]
+    families = {
+        family: sum(c["family"] == family for c in contrasts)
+        for family in dict.fromkeys(c["family"] for c in contrasts)
+    }
     lines += [
         "",
-        f"== Holm at family-wise {stats.ALPHA} over the fix in every setting, each on its endpoint, and apart over the "
-        f"padding's and the prompt's parts, on {METRICS[PRIMARY]} (experiments/PLAN.md): verdict, mean "
-        f"[Holm-adjusted interval], and where the interval settles it, its size against +-{SMALLEST}",
-        *(f"-> {data['conclusion']}" for data in figures["settings"].values()),
-        "",
-        time_taken(figures),
+        f"== Holm at family-wise {stats.ALPHA}, each family apart (experiments/PLAN.md): "
+        + "; ".join(f"{FAMILIES[family]} ({m})" for family, m in families.items())
+        + f". Per contrast: verdict, mean [Holm-adjusted interval], and where the interval settles it, its size "
+        f"against +-{SMALLEST}",
     ]
-    return "\n".join(lines)
+    for name, data in figures["settings"].items():
+        lines += [f"-> {line}" for line in data.get("conclusions", [data.get("conclusion")])]
+        lines += [
+            f"-> {name}: the release's-weight run after SFT step {r['step']}: "
+            + (r["reading"] or "nothing to reproduce (the fix: no difference)")
+            for r in data.get("readings", [])
+        ]
+        if "first_change" in data:
+            lines.append(
+                f"-> {name}: the first decoded SFT step after {READ_AT[-1]} where the fix reads otherwise than there: "
+                f"{data['first_change'] or 'none'}"
+            )
+    return "\n".join([*lines, "", time_taken(figures)])
 
 
 def time_taken(figures: dict) -> str:
-    """Wall time of the run, and per arm what its seeds took (those kept from an earlier run apart)."""
-    arms = figures["arms"]
+    """Wall time of the run, and per arm what its seeds took in wall and CPU time (those kept from an earlier run
+    apart)."""
     per_arm = []
     for arm in ARMS:
-        a, reused = arms[arm], arms[arm]["reused"]
+        a, reused = figures["arms"][arm], figures["arms"][arm]["reused"]
         text = (
-            f"{arm} {len(figures['seeds']) - len(reused)} seeds run: pretraining {a['pretrain_seconds']:.0f} s + SFT "
-            f"and evaluation {a['fine_tune_seconds']:.0f} s (CPU {a['cpu_seconds']:.0f} s), peak RSS "
-            f"{a['peak_rss_mib']:.0f} MiB"
+            f"{arm}: {len(figures['seeds']) - len(reused)} seeds run, wall: pretraining {a['pretrain_seconds']:.0f} s "
+            f"+ SFT and evaluation {a['fine_tune_seconds']:.0f} s; CPU: {a['cpu_seconds']:.0f} s, pretraining "
+            f"included; peak RSS {a['peak_rss_mib']:.0f} MiB"
         )
         if reused:
-            text += f", {len(reused)} seeds kept from an earlier run (CPU {sum(reused.values()):.0f} s then)"
+            text += f"; {len(reused)} seeds kept from an earlier run ({sum(reused.values()):.0f} CPU-s then)"
         per_arm.append(text)
-    return f"(wall {figures['wall_seconds']:.0f} s for both arms at once, their start included; per arm, wall: " + (
-        "; ".join(per_arm) + ")"
+    return f"(wall {figures['wall_seconds']:.0f} s for both arms at once, their start included; per arm: " + (
+        " | ".join(per_arm) + ")"
     )

@@ -62,6 +62,13 @@ def figures(tree, keep):
     return effect.finish_effect(EARLY.pop("effect", None) or _start(tree, keep), "small")
 
 
+@pytest.fixture(scope="module")
+def course(tree, keep):
+    """The course run's design at the small size: decoded after SFT steps 1 and 3, with the release's-weight runs."""
+    trees = {"unpatched": BASE, "patched": tree}
+    return effect.finish_effect(effect.start_effect("small-course", SEEDS, trees=trees, keep=keep), "small-course")
+
+
 def _numbers(value):
     if isinstance(value, bool) or value is None:
         return
@@ -92,14 +99,15 @@ class TestEffectArms:
         hashes = [h for arm in arms.values() for per_seed in arm["sft_data_sha256"].values() for h in per_seed]
         assert None not in hashes  # the small run makes every run in both arms
         by_setting = arms["patched"]["sft_data_sha256"]
-        for name, shared in design.SPLIT_BY.items():  # each one's batches are its Bridge setting's
-            assert by_setting[shared] == by_setting[name]
+        for name, setting in design.SIZES["small"].designs.items():  # a shared run's batches are its setting's
+            for shared in setting.shared():
+                assert by_setting[shared] == by_setting[name]
         assert len({h for name in design.BRIDGE for h in by_setting[name]}) == len(design.BRIDGE) * len(SEEDS)
         assert figures["same_pretrained_weights"] is True and figures["same_data"] is True
 
     def test_the_experiments_mtp_mask_gives_the_same_run_in_either_tree(self, figures):
         """The shared setting sets the MTP mask itself, so its runs may be split between the arms by seed."""
-        assert figures["shared_runs_equal"] == [True] * len(SEEDS) * len(design.SHARED)
+        assert figures["shared_runs_equal"] == [True] * len(SEEDS) * len(design.shared_settings("small"))
 
     def test_step_one_is_the_same_forward_in_every_run(self, figures):
         """Same weights, same batch: the LM loss and each role's MTP CE agree before the first update."""
@@ -155,7 +163,7 @@ class TestEffectFigures:
         assert list(figures["settings"]) == list(design.BRIDGE)
         for name, setting in figures["settings"].items():
             assert sum(setting["step_one_mix"].values()) == pytest.approx(1.0)
-            assert list(setting["runs"]) == list(design.DESIGNS[name].runs)
+            assert list(setting["runs"]) == list(design.SIZES["small"].designs[name].runs)
             for run in setting["runs"].values():
                 assert set(run["final"]) >= set(design.METRICS) | set(design.DESCRIPTIVE)
                 assert all(len(v) == len(SEEDS) for v in run["final"].values())
@@ -170,6 +178,93 @@ class TestEffectFigures:
         for name, setting in figures["settings"].items():
             assert f"== setting {name}: {setting['description']}" in tables
             assert f"-> {setting['conclusion']}" in tables
+
+
+class TestCourse:
+    """The course run: the fix and its two parts after each decoded step; decoding along the way changes nothing of
+    the training; the release's-weight run is the same in either tree and weighs each position as the release."""
+
+    def test_every_setting_has_its_three_runs_and_contrasts_after_each_decoded_step(self, course):
+        assert all(math.isfinite(x) for x in _numbers(course))
+        assert list(course["settings"]) == list(design.COURSE)
+        for name, setting in course["settings"].items():
+            assert list(setting["runs"]) == ["unpatched", design.DILUTED, "patched"], name
+            for run in setting["runs"].values():
+                assert run["decoded"]["steps"] == [1, 3] and set(run["decoded"]) - {"steps"} == set(run["final"])
+                assert {k: v[-1] for k, v in run["decoded"].items() if k != "steps"} == run["final"], name
+            steps = [(c["step"], c["name"]) for c in setting["contrasts"]]
+            names = [c.name for c in design.SIZES["course"].designs[name].contrasts]
+            assert steps == [(step, n) for step in (1, 3) for n in names]
+            assert [line.split(":")[0] for line in setting["conclusions"]] == [
+                f"{name} after SFT step {s}" for s in (1, 3)
+            ]
+        tables = printout.format_tables(course)
+        assert (
+            "tokens per verify step after each decoded SFT step" in tables
+            and "(weight's part) after SFT step 3" in tables
+        )
+
+    def test_the_release_weight_run_is_the_same_in_either_tree(self, course):
+        assert course["shared_runs_equal"] == [True] * len(SEEDS) * len(design.COURSE)
+
+    def test_the_release_weight_run_counts_no_padding_and_trains_otherwise_than_the_patched_arm(self, course):
+        hashes = course["arms"]["patched"]["fine_tuned_weights_sha256"]
+        for name, setting in course["settings"].items():
+            padding = setting["runs"][design.DILUTED]["step_one"]["mtp_loss_mass_on_padding"]
+            assert padding == [0.0] * len(SEEDS), name
+            diluted = hashes[f"release-weight {name.removeprefix('same-language ')}"]
+            assert None not in diluted and set(diluted).isdisjoint(hashes[name]), name
+
+    def test_decoding_along_the_way_changes_nothing_of_the_training(self, course, figures):
+        """The same setting, seed and batches with and without decoding after step 1: the same final weights."""
+        for arm in command.ARMS:
+            for name in design.COURSE:
+                before = figures["arms"][arm]["fine_tuned_weights_sha256"][name]
+                assert course["arms"][arm]["fine_tuned_weights_sha256"][name] == before, (arm, name)
+                assert (
+                    course["settings"][name]["runs"][arm]["final"] == figures["settings"][name]["runs"][arm]["final"]
+                )
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_release_weight_gives_each_counted_position_the_weight_the_all_ones_mask_gives_it():
+    """At the release's weight, a position the loss mask counts weighs in the step loss exactly what it weighs with
+    core's all-ones fallback, and every other position nothing."""
+    from tinymodel import gpt
+    from tinymodel.reference import mtp_mask, mtp_positions
+
+    batch = gpt.make_sft_batch()
+    mask_of, scale_of = effect_arm.MTP_MASKS["release-weight"]
+    runs = {
+        "release's weight": dict(mtp_mask_of=mask_of, mtp_scale_of=scale_of),
+        "all ones": dict(mtp_mask_of=lambda b: torch.ones_like(b["loss_mask"])),
+    }
+    weights = {}
+    for label, how in runs.items():
+        ((_, result),) = training.adam_steps(gpt.build_model(1), [batch], 0.0, record=lambda step: True, **how)
+        weights[label] = result.mtp_loss_weights[0][:, mtp_positions(batch["labels"].shape[1], 1)]
+    counted = mtp_mask(batch["loss_mask"], 1).bool()
+    assert 0 < counted.sum() < counted.numel()
+    assert weights["release's weight"][counted] == pytest.approx(weights["all ones"][counted], rel=1e-6)
+    assert (weights["release's weight"][~counted] == 0).all()
+
+
+def test_the_reading_of_whether_the_release_weight_run_reproduces_the_fix():
+    """The fix against at step 50: the parts' Holm-adjusted signs decide the reading (experiments/PLAN.md)."""
+    sign = {-1: [-0.3, -0.2, -0.25, -0.3, -0.2], 0: [0.1, -0.1, 0.05, -0.05, 0.0], 1: [0.3, 0.2, 0.25, 0.3, 0.2]}
+
+    def read(fix, weight, positions):
+        contrasts = [{"name": n, "what": n, "endpoint": design.PRIMARY} for n in ("fix", "weight", "positions")]
+        for c, direction in zip(contrasts, (fix, weight, positions)):
+            c[design.PRIMARY] = stats.summary(sign[direction])
+        stats.holm([c[design.PRIMARY] for c in contrasts])
+        return analysis.reading(contrasts)
+
+    assert read(-1, -1, 0) == "reproduces it"
+    assert read(-1, 0, -1) == "does not reproduce it"
+    assert read(-1, -1, -1) == "partly"
+    assert read(0, -1, 0) is None
+    assert read(-1, 1, -1) == "weight: for weight; positions: against positions"
 
 
 class TestSeedsKept:
@@ -254,7 +349,7 @@ def test_a_commit_in_the_clone_keeps_every_kept_seed(mocker):
     assert effect_arm._code_digest() == before
 
 
-@pytest.mark.parametrize("size", ["short", "plateau"])
+@pytest.mark.parametrize("size", ["short", "plateau", "course"])
 def test_every_setting_the_plan_runs_is_analysed(size):
     """Each shared setting is run by one arm per seed, in turn: the analysis takes it from whichever arm ran it."""
     seeds = tuple(range(100, 105))
@@ -262,8 +357,12 @@ def test_every_setting_the_plan_runs_is_analysed(size):
         arm: {(name, seed): {} for seed, names in zip(seeds, plan.runs) for name in names}
         for arm, plan in effect.plans(size, seeds).items()
     }
-    planned = set(design.PLATEAU) if size == "plateau" else {*design.BRIDGE, *design.SHARED}
-    assert analysis.settings_run(by_arm, list(seeds)) == planned
+    planned = {"short": {*design.BRIDGE, *design.shared_settings("short")}, "plateau": set(design.PLATEAU)}
+    planned["course"] = {
+        *design.COURSE,
+        *(f"release-weight {n.removeprefix('same-language ')}" for n in design.COURSE),
+    }
+    assert analysis.settings_run(size, by_arm, list(seeds)) == planned[size]
 
 
 def _logits(tokens: torch.Tensor, table: dict) -> torch.Tensor:
@@ -376,6 +475,11 @@ class TestPower:
     def test_the_pooled_sd_takes_each_runs_own_mean_out(self):
         assert power.pooled_sd([[1.0, 3.0], [11.0, 13.0, None]]) == pytest.approx(math.sqrt(2))
 
+    def test_the_course_runs_seeds_are_what_its_power_table_sizes(self):
+        _, n = power.course_table(design.COURSE, design.COURSE_STEPS)
+        assert n == len(command.seeds(design.SIZES["course"].seeds))
+        assert design.SIZES["course"].plan["decode_at"] == design.COURSE_STEPS
+
     def test_the_short_runs_seeds_are_what_the_plans_table_sizes(self):
         """The default seeds of `./run effect` are as many as the largest 'seeds for 80 %' of the plan's primary
         family on tokens per verify step (the family that sized it)."""
@@ -415,6 +519,7 @@ class TestCommands:
             ["--seeds", f"0-{command.MAX_SEEDS}"],
             ["--out"],
             ["--size", "9"],
+            ["--plateau", "--course"],
         ],
     )
     def test_a_bad_value_is_one_line_and_exit_2(self, module, args, capsys):
