@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from experiments.design import ARMS
 from experiments.effect_arm import SEED_DONE
 from maintain.repo import VIEW, pins, release
 from mtp_mask_fix import cli
@@ -25,7 +26,6 @@ from mtp_mask_fix.signals import held
 from tinymodel.worker import Launch, Started
 
 
-ARMS = ("unpatched", "patched")
 MAX_SEEDS = 400  # about 4 hours of CPU per arm at `./run effect`'s size
 SLOW = 2  # a seed that takes this many times the expected time is said to be slow
 STALL = 10  # an arm that finishes no seed in this many times the expected time is stopped

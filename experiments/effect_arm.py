@@ -37,6 +37,7 @@ class Plan:
     pretrain_steps: int = 100
     sft_steps: int = 50
     eval_every: int = 25  # teacher-forced evaluation every this many SFT steps (and at 0); decoding at the last
+    decode_at: tuple[int, ...] = ()  # SFT steps after which the held-out prompts are decoded too (and evaluated)
     eval_batches: int = 3
     batch: int = 16
     pretrain_batch: int = 16
@@ -47,7 +48,7 @@ class Plan:
 
     def eval_steps(self) -> list[int]:
         """The SFT steps after which the held-out batches are evaluated teacher-forced (0: before fine-tuning)."""
-        return sorted({*range(0, self.sft_steps + 1, self.eval_every), self.sft_steps})
+        return sorted({*range(0, self.sft_steps + 1, self.eval_every), self.sft_steps, *self.decode_at})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -57,6 +58,7 @@ class Plan:
         fields = json.loads(text)
         fields["seeds"] = tuple(fields["seeds"])
         fields["runs"] = tuple(map(tuple, fields["runs"]))
+        fields["decode_at"] = tuple(fields.get("decode_at", ()))
         return cls(**fields)
 
 
@@ -68,7 +70,9 @@ class Setting:
     sft: syn.SftSetting
     prompts: str  # "task": the SFT task's language (chain B); "pretraining": chain A, which the model was trained on
     order: int = 2  # the chain order of the SFT task's language
-    mtp_mask: str = "bridge"  # "bridge": whatever the tree passes to the model; "no-padding": every label but padding
+    # "bridge": whatever the tree passes to the model; "no-padding": every label but padding; "release-weight": the
+    # loss mask, each position at the weight the release's all-ones mask gives it (release_weight)
+    mtp_mask: str = "bridge"
     data: str | None = None  # the setting whose batches (and held-out batches) it uses; None: its own
     answers: str = "task"  # as prompts: the language the answers continue in
 
@@ -86,22 +90,33 @@ def _setting(description: str, cell: str, prompts: str = "task", loss: str = "an
     return Setting(description, sft, prompts, ORDERS[order], **kw)
 
 
-def _without_padding(name: str) -> Setting:
-    """``name``'s batches and LM loss, its MTP loss on prompt and answer, never on padding."""
-    return replace(
-        SETTINGS[name],
-        description=f"{name}'s batches and LM loss, but the MTP loss counts prompt and answer, never padding (a mask "
-        "this experiment gives the model, not Bridge's)",
-        mtp_mask="no-padding",
-        data=name,
-    )
+# A setting's variant whose MTP loss the experiment sets (Setting.mtp_mask): its name's prefix, and what it does.
+VARIANTS = {
+    "no-padding": (
+        "no-padding-mtp",
+        "but the MTP loss counts prompt and answer, never padding "
+        "(a mask this experiment gives the model, not Bridge's)",
+    ),
+    "release-weight": (
+        "release-weight",
+        "the MTP loss on the positions the fix counts, each at the weight the release gives it "
+        "(a scale this experiment gives the MTP loss, not Bridge's)",
+    ),
+}
+
+
+def _variant(name: str, mtp_mask: str) -> Setting:
+    """``name``'s batches and LM loss, its MTP loss as VARIANTS says."""
+    described = f"{name}'s batches and LM loss, {VARIANTS[mtp_mask][1]}"
+    return replace(SETTINGS[name], description=described, mtp_mask=mtp_mask, data=name)
 
 
 CELLS = [f"{answers}/{order}" for answers in ANSWERS for order in ORDERS]
 # The report's batch: answer-only loss over 1-4 answer tokens + EOS (the report's 2-5 valid tokens per sample), prompt
 # and answer in the pretraining language (as SQuAD is in a pretrained model's), short prompts with a tail of lengths,
-# every batch padded to 64 positions: about 3/4 of the positions are padding, which puts over 90 % of the unpatched
-# MTP loss at SFT step 1 on it (the report: 96.5 %; this model's padding CE is about 8, the report's 20-85).
+# every batch padded to 64 positions: about 3/4 of the positions are padding, which in the plan's pilot put 0.92-0.93
+# of the unpatched MTP loss at SFT step 1 on it (the report: 96.5 %; this model's padding CE is about 8, the
+# report's 20-85).
 REPORT_LIKE = syn.SftSetting("report-like", False, prompt_len=(4, 40), prompt_tail=6.0, answer_len=(1, 4), pad_to=64)
 REPORT_BATCH = 16
 SETTINGS = {
@@ -124,14 +139,19 @@ SETTINGS = {
     ),
     "report-like": Setting(
         "the report's regime: prompt and answer in the pretraining language, 1-4 answer tokens + EOS, answer-only "
-        "loss, every batch padded to 64 positions (over 90 % of the unpatched MTP loss on padding at SFT step 1)",
+        "loss, every batch padded to 64 positions",
         REPORT_LIKE,
         prompts="pretraining",
         answers="pretraining",
     ),
 }
 SPLIT = ("same-language short/first", "same-language long/second", "report-like")  # where the fix is split in two
-SETTINGS |= {f"no-padding-mtp {name.removeprefix('same-language ')}": _without_padding(name) for name in SPLIT}
+BRIDGE_SETTINGS = tuple(SETTINGS)
+SETTINGS |= {
+    f"{VARIANTS[mask][0]} {name.removeprefix('same-language ')}": _variant(name, mask)
+    for mask, names in (("no-padding", SPLIT), ("release-weight", BRIDGE_SETTINGS))
+    for name in names
+}
 # The SFT task's language, one per seed and chain order (Setting.order), over 32 content tokens. With a first-order
 # chain the draft depends only on the token the MTP head is fed, so long answers there soon reach the ceiling.
 CHAIN_B = {"branching": 2, "probs": (0.9, 0.1), "alphabet": 32}
@@ -199,6 +219,19 @@ def _no_padding(batch: dict) -> torch.Tensor:
     return (batch["roles"] != syn.ROLES.index("padding")).float()
 
 
+def release_weight(batch: dict) -> float:
+    """The factor that gives each depth-1 position the loss mask counts the weight it has under the release: core
+    divides the MTP loss by the positions it counts, the release's all-ones mask counts them all, the fix the mask's."""
+    return float(mtp_mask(batch["loss_mask"], 1).sum() / mtp_mask(torch.ones_like(batch["loss_mask"]), 1).sum())
+
+
+MTP_MASKS = {  # Setting.mtp_mask: (the MTP loss's mask, its scale), each of a batch; None: what Bridge passes, 1
+    "bridge": (None, None),
+    "no-padding": (_no_padding, None),
+    "release-weight": (lambda batch: batch["loss_mask"], release_weight),
+}
+
+
 def _step_one(result: gpt.StepResult, batch: dict) -> dict:
     """The report's step-1 figures, and per position: depth-1 CE, loss weight, mask, target role and prediction."""
     seq = batch["labels"].shape[1]
@@ -231,18 +264,19 @@ def _fine_tune(pretrained: dict, plan: Plan, name: str, seed: int) -> dict:
     model = _model(pretrained)
     evals = {0: training.evaluate(model, held_out)}
     step_one = None
+    mask_of, scale_of = MTP_MASKS[setting.mtp_mask]
     steps = training.adam_steps(
-        model,
-        train,
-        plan.sft_lr,
-        record=lambda step: step == 1,
-        mtp_mask_of=_no_padding if setting.mtp_mask == "no-padding" else None,
+        model, train, plan.sft_lr, record=lambda step: step == 1, mtp_mask_of=mask_of, mtp_scale_of=scale_of
     )
+    decode = lambda: training.speculative(model, held_out, setting.sft.answer_len[1] + 1)
+    decoded = {}
     for step, result in steps:
         if step == 1:
             step_one = _step_one(result, train[0])
         if step in plan.eval_steps():
             evals[step] = training.evaluate(model, held_out)
+        if step in plan.decode_at:
+            decoded[step] = decode()
     return {
         "setting": name,
         "seed": seed,
@@ -251,7 +285,8 @@ def _fine_tune(pretrained: dict, plan: Plan, name: str, seed: int) -> dict:
         "weights_sha256": gpt.weights_sha256(model),
         "step_one": step_one,
         "evals": evals,
-        "speculative": training.speculative(model, held_out, setting.sft.answer_len[1] + 1),
+        "decoded": decoded,
+        "speculative": decoded.get(plan.sft_steps) or decode(),
     }
 
 

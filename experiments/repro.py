@@ -19,7 +19,7 @@ import sys
 import torch
 
 from experiments import command
-from experiments.effect import role_means, step_one_figures
+from experiments.analysis import role_means, step_one_figures
 from experiments.effect_arm import Plan
 from experiments.synthetic import BOS, ROLES
 from mtp_mask_fix.errors import Exit

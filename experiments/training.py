@@ -10,16 +10,32 @@ from tinymodel import gpt
 from tinymodel.reference import mtp_ce_per_position, mtp_mask, top1_hits
 
 
-def adam_steps(model, batches, lr: float, *, record=lambda step: False, mtp_mask_of=None):
+def adam_steps(model, batches, lr: float, *, record=lambda step: False, mtp_mask_of=None, mtp_scale_of=None):
     """One Adam step per batch; yields (step, StepResult) after each (1-based). ``record(step)``: keep that step's
     grads and logits. ``mtp_mask_of(batch)``: the mask the MTP loss counts instead of the one Bridge passes (see
-    mtp_loss_mask); None: Bridge's."""
+    mtp_loss_mask); None: Bridge's. ``mtp_scale_of(batch)``: a factor on the MTP loss (see mtp_loss_scaled)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     for step, batch in enumerate(batches, start=1):
-        with mtp_loss_mask(model, None if mtp_mask_of is None else mtp_mask_of(batch)):
+        mask = None if mtp_mask_of is None else mtp_mask_of(batch)
+        with mtp_loss_mask(model, mask), mtp_loss_scaled(model, 1.0 if mtp_scale_of is None else mtp_scale_of(batch)):
             result = gpt.run_step(model, batch, record=record(step), iteration=step)
         optimizer.step()
         yield step, result
+
+
+@contextlib.contextmanager
+def mtp_loss_scaled(model, factor: float):
+    """Inside, core's MTP loss (and so its gradient) is ``factor`` times what it is: core reads
+    mtp_loss_scaling_factor from the model's config at each forward. What core logs is the loss unscaled."""
+    if factor == 1.0:
+        yield
+        return
+    config, before = model.config, model.config.mtp_loss_scaling_factor
+    config.mtp_loss_scaling_factor = before * factor
+    try:
+        yield
+    finally:
+        config.mtp_loss_scaling_factor = before
 
 
 @contextlib.contextmanager

@@ -12,16 +12,18 @@ import json
 import math
 import shutil
 import signal
+import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from experiments import command, effect, effect_arm, repro, stats, training
+from experiments import analysis, command, design, effect, effect_arm, power, printout, repro, stats, training
 from experiments.synthetic import BOS, EOS, PAD, ROLES, SEP
-from maintain.repo import VIEW, pins, release
+from maintain.repo import REPO, VIEW, pins, release
 from mtp_mask_fix.paths import GPT_STEP, is_gpt_step_of
 from mtp_mask_fix.signals import Interrupted
 from tinymodel import worker
@@ -60,6 +62,13 @@ def figures(tree, keep):
     return effect.finish_effect(EARLY.pop("effect", None) or _start(tree, keep), "small")
 
 
+@pytest.fixture(scope="module")
+def course(tree, keep):
+    """The course run's design at the small size: decoded after SFT steps 1 and 3, with the release's-weight runs."""
+    trees = {"unpatched": BASE, "patched": tree}
+    return effect.finish_effect(effect.start_effect("small-course", SEEDS, trees=trees, keep=keep), "small-course")
+
+
 def _numbers(value):
     if isinstance(value, bool) or value is None:
         return
@@ -75,7 +84,7 @@ def _numbers(value):
 
 def _bridge_runs(figures):
     """(setting, data) of the settings whose MTP mask the tree decides."""
-    return [(name, figures["settings"][name]) for name in effect.BRIDGE]
+    return [(name, figures["settings"][name]) for name in design.BRIDGE]
 
 
 class TestEffectArms:
@@ -90,14 +99,15 @@ class TestEffectArms:
         hashes = [h for arm in arms.values() for per_seed in arm["sft_data_sha256"].values() for h in per_seed]
         assert None not in hashes  # the small run makes every run in both arms
         by_setting = arms["patched"]["sft_data_sha256"]
-        for name, shared in effect.SPLIT_BY.items():  # each one's batches are its Bridge setting's
-            assert by_setting[shared] == by_setting[name]
-        assert len({h for name in effect.BRIDGE for h in by_setting[name]}) == len(effect.BRIDGE) * len(SEEDS)
+        for name, setting in design.SIZES["small"].designs.items():  # a shared run's batches are its setting's
+            for shared in setting.shared():
+                assert by_setting[shared] == by_setting[name]
+        assert len({h for name in design.BRIDGE for h in by_setting[name]}) == len(design.BRIDGE) * len(SEEDS)
         assert figures["same_pretrained_weights"] is True and figures["same_data"] is True
 
     def test_the_experiments_mtp_mask_gives_the_same_run_in_either_tree(self, figures):
         """The shared setting sets the MTP mask itself, so its runs may be split between the arms by seed."""
-        assert figures["shared_runs_equal"] == [True] * len(SEEDS) * len(effect.SHARED)
+        assert figures["shared_runs_equal"] == [True] * len(SEEDS) * len(design.shared_settings("small"))
 
     def test_step_one_is_the_same_forward_in_every_run(self, figures):
         """Same weights, same batch: the LM loss and each role's MTP CE agree before the first update."""
@@ -136,7 +146,7 @@ class TestEffectArms:
         arms = figures["arms"]
         same = [
             f"seed {seed}, {name}"
-            for name in effect.BRIDGE
+            for name in design.BRIDGE
             for seed, u, p in zip(
                 SEEDS,
                 arms["unpatched"]["fine_tuned_weights_sha256"][name],
@@ -150,24 +160,111 @@ class TestEffectArms:
 class TestEffectFigures:
     def test_figures_are_finite_and_complete(self, figures):
         assert all(math.isfinite(x) for x in _numbers(figures))
-        assert list(figures["settings"]) == list(effect.BRIDGE)
+        assert list(figures["settings"]) == list(design.BRIDGE)
         for name, setting in figures["settings"].items():
             assert sum(setting["step_one_mix"].values()) == pytest.approx(1.0)
-            assert list(setting["runs"]) == list(effect.VIEWS[name]["runs"])
+            assert list(setting["runs"]) == list(design.SIZES["small"].designs[name].runs)
             for run in setting["runs"].values():
-                assert set(run["final"]) >= set(effect.METRICS) | set(effect.DESCRIPTIVE)
+                assert set(run["final"]) >= set(design.METRICS) | set(design.DESCRIPTIVE)
                 assert all(len(v) == len(SEEDS) for v in run["final"].values())
                 assert run["curves"]["steps"] == figures["plan"]["eval_steps"]
             for contrast in setting["contrasts"]:
-                assert all(len(contrast[m]["values"]) == len(SEEDS) for m in effect.METRICS)  # None: none counted
+                assert all(len(contrast[m]["values"]) == len(SEEDS) for m in design.METRICS)  # None: none counted
             assert setting["conclusion"].startswith(f"{name}: ")
 
     def test_tables(self, figures):
-        tables = effect.format_tables(figures)
+        tables = printout.format_tables(figures)
         assert "size small (3 SFT steps), seeds 0-0 (n=1)" in tables
         for name, setting in figures["settings"].items():
             assert f"== setting {name}: {setting['description']}" in tables
             assert f"-> {setting['conclusion']}" in tables
+
+
+class TestCourse:
+    """The course run: the fix and its two parts after each decoded step; decoding along the way changes nothing of
+    the training; the release's-weight run is the same in either tree and weighs each position as the release."""
+
+    def test_every_setting_has_its_three_runs_and_contrasts_after_each_decoded_step(self, course):
+        assert all(math.isfinite(x) for x in _numbers(course))
+        assert list(course["settings"]) == list(design.COURSE)
+        for name, setting in course["settings"].items():
+            assert list(setting["runs"]) == ["unpatched", design.DILUTED, "patched"], name
+            for run in setting["runs"].values():
+                assert run["decoded"]["steps"] == [1, 3] and set(run["decoded"]) - {"steps"} == set(run["final"])
+                assert {k: v[-1] for k, v in run["decoded"].items() if k != "steps"} == run["final"], name
+            steps = [(c["step"], c["name"]) for c in setting["contrasts"]]
+            names = [c.name for c in design.SIZES["course"].designs[name].contrasts]
+            assert steps == [(step, n) for step in (1, 3) for n in names]
+            assert [line.split(":")[0] for line in setting["conclusions"]] == [
+                f"{name} after SFT step {s}" for s in (1, 3)
+            ]
+        tables = printout.format_tables(course)
+        assert (
+            "tokens per verify step after each decoded SFT step" in tables
+            and "(weight's part) after SFT step 3" in tables
+        )
+
+    def test_the_release_weight_run_is_the_same_in_either_tree(self, course):
+        assert course["shared_runs_equal"] == [True] * len(SEEDS) * len(design.COURSE)
+
+    def test_the_release_weight_run_counts_no_padding_and_trains_otherwise_than_the_patched_arm(self, course):
+        hashes = course["arms"]["patched"]["fine_tuned_weights_sha256"]
+        for name, setting in course["settings"].items():
+            padding = setting["runs"][design.DILUTED]["step_one"]["mtp_loss_mass_on_padding"]
+            assert padding == [0.0] * len(SEEDS), name
+            diluted = hashes[f"release-weight {name.removeprefix('same-language ')}"]
+            assert None not in diluted and set(diluted).isdisjoint(hashes[name]), name
+
+    def test_decoding_along_the_way_changes_nothing_of_the_training(self, course, figures):
+        """The same setting, seed and batches with and without decoding after step 1: the same final weights."""
+        for arm in command.ARMS:
+            for name in design.COURSE:
+                before = figures["arms"][arm]["fine_tuned_weights_sha256"][name]
+                assert course["arms"][arm]["fine_tuned_weights_sha256"][name] == before, (arm, name)
+                assert (
+                    course["settings"][name]["runs"][arm]["final"] == figures["settings"][name]["runs"][arm]["final"]
+                )
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_the_release_weight_gives_each_counted_position_the_weight_the_all_ones_mask_gives_it():
+    """At the release's weight, a position the loss mask counts weighs in the step loss exactly what it weighs with
+    core's all-ones fallback, and every other position nothing."""
+    from tinymodel import gpt
+    from tinymodel.reference import mtp_mask, mtp_positions
+
+    batch = gpt.make_sft_batch()
+    mask_of, scale_of = effect_arm.MTP_MASKS["release-weight"]
+    runs = {
+        "release's weight": dict(mtp_mask_of=mask_of, mtp_scale_of=scale_of),
+        "all ones": dict(mtp_mask_of=lambda b: torch.ones_like(b["loss_mask"])),
+    }
+    weights = {}
+    for label, how in runs.items():
+        ((_, result),) = training.adam_steps(gpt.build_model(1), [batch], 0.0, record=lambda step: True, **how)
+        weights[label] = result.mtp_loss_weights[0][:, mtp_positions(batch["labels"].shape[1], 1)]
+    counted = mtp_mask(batch["loss_mask"], 1).bool()
+    assert 0 < counted.sum() < counted.numel()
+    assert weights["release's weight"][counted] == pytest.approx(weights["all ones"][counted], rel=1e-6)
+    assert (weights["release's weight"][~counted] == 0).all()
+
+
+def test_the_reading_of_whether_the_release_weight_run_reproduces_the_fix():
+    """The fix against at step 50: the parts' Holm-adjusted signs decide the reading (experiments/PLAN.md)."""
+    sign = {-1: [-0.3, -0.2, -0.25, -0.3, -0.2], 0: [0.1, -0.1, 0.05, -0.05, 0.0], 1: [0.3, 0.2, 0.25, 0.3, 0.2]}
+
+    def read(fix, weight, positions):
+        contrasts = [{"name": n, "what": n, "endpoint": design.PRIMARY} for n in ("fix", "weight", "positions")]
+        for c, direction in zip(contrasts, (fix, weight, positions)):
+            c[design.PRIMARY] = stats.summary(sign[direction])
+        stats.holm([c[design.PRIMARY] for c in contrasts])
+        return analysis.reading(contrasts)
+
+    assert read(-1, -1, 0) == "reproduces it"
+    assert read(-1, 0, -1) == "does not reproduce it"
+    assert read(-1, -1, -1) == "partly"
+    assert read(0, -1, 0) is None
+    assert read(-1, 1, -1) == "weight: for weight; positions: against positions"
 
 
 class TestSeedsKept:
@@ -185,7 +282,7 @@ class TestSeedsKept:
     def test_an_arm_that_finishes_no_seed_in_time_is_stopped_and_named(self, tree, mocker, capsys, tmp_path):
         """The limit is STALL times the seconds a seed is expected to take: here a hundredth of a second."""
         mocker.patch.object(command, "START_S", 0)
-        mocker.patch.dict(effect.SEED_SECONDS, {"small": 0.01})
+        mocker.patch.dict(design.SIZES, {"small": replace(design.SIZES["small"], seed_seconds=0.01)})
         arms = effect.start_effect("small", SEEDS, trees={"unpatched": BASE, "patched": tree}, keep=tmp_path)
         with pytest.raises(command.Stopped, match=rf"arm finished no seed in \d+ s, {command.STALL} x the 0 s a seed"):
             arms.wait()
@@ -230,15 +327,15 @@ def test_a_contrast_that_negates_an_earlier_one_is_printed_once():
     """With the fix exactly 0 the prompt's part is the padding's part negated: one verdict says both."""
     values = {"fix": [0.0] * 5, "zero": [0.0] * 5, "padding": [0.1, -0.2, 0.3, 0.1, 0.2]}
     contrasts = [
-        {"name": n, "what": n, "endpoint": effect.PRIMARY, effect.PRIMARY: stats.summary(v)} for n, v in values.items()
+        {"name": n, "what": n, "endpoint": design.PRIMARY, design.PRIMARY: stats.summary(v)} for n, v in values.items()
     ]
     negated = stats.summary([-v for v in values["padding"]])
-    contrasts.append({"name": "prompt", "what": "x", "endpoint": effect.PRIMARY, effect.PRIMARY: negated})
-    stats.holm([c[effect.PRIMARY] for c in contrasts])
+    contrasts.append({"name": "prompt", "what": "x", "endpoint": design.PRIMARY, design.PRIMARY: negated})
+    stats.holm([c[design.PRIMARY] for c in contrasts])
     for i, c in enumerate(contrasts):
-        c["negative_of"] = effect.negative_of(c, contrasts[:i])
+        c["negative_of"] = analysis.negative_of(c, contrasts[:i])
     assert [c["negative_of"] for c in contrasts] == [None, None, None, "padding"]  # zeros negate zeros: no duplicate
-    line = effect.conclusion("cell", contrasts)
+    line = analysis.conclusion("cell", contrasts)
     assert line.count("no difference") == 3 and "prompt: the exact negative of padding in every seed" in line
 
 
@@ -252,7 +349,7 @@ def test_a_commit_in_the_clone_keeps_every_kept_seed(mocker):
     assert effect_arm._code_digest() == before
 
 
-@pytest.mark.parametrize("size", ["short", "plateau"])
+@pytest.mark.parametrize("size", ["short", "plateau", "course"])
 def test_every_setting_the_plan_runs_is_analysed(size):
     """Each shared setting is run by one arm per seed, in turn: the analysis takes it from whichever arm ran it."""
     seeds = tuple(range(100, 105))
@@ -260,8 +357,12 @@ def test_every_setting_the_plan_runs_is_analysed(size):
         arm: {(name, seed): {} for seed, names in zip(seeds, plan.runs) for name in names}
         for arm, plan in effect.plans(size, seeds).items()
     }
-    planned = set(effect.PLATEAU) if size == "plateau" else {*effect.BRIDGE, *effect.SHARED}
-    assert effect.settings_run(by_arm, list(seeds)) == planned
+    planned = {"short": {*design.BRIDGE, *design.shared_settings("short")}, "plateau": set(design.PLATEAU)}
+    planned["course"] = {
+        *design.COURSE,
+        *(f"release-weight {n.removeprefix('same-language ')}" for n in design.COURSE),
+    }
+    assert analysis.settings_run(size, by_arm, list(seeds)) == planned[size]
 
 
 def _logits(tokens: torch.Tensor, table: dict) -> torch.Tensor:
@@ -363,6 +464,30 @@ class TestStatistics:
         assert stats.signs(s) == "higher in 2, lower in 2, equal in 1 of 5"
 
 
+class TestPower:
+    def test_at_no_difference_the_power_is_the_level(self):
+        assert power.power(10, 0.0, 0.1, 0.01) == pytest.approx(0.01, rel=1e-9)
+
+    def test_seeds_for_is_the_fewest_seeds_with_the_power_sought(self):
+        n = power.seeds_for(0.075, 0.0389, 0.05 / 7)
+        assert power.power(n, 0.075, 0.0389, 0.05 / 7) >= power.TARGET > power.power(n - 1, 0.075, 0.0389, 0.05 / 7)
+
+    def test_the_pooled_sd_takes_each_runs_own_mean_out(self):
+        assert power.pooled_sd([[1.0, 3.0], [11.0, 13.0, None]]) == pytest.approx(math.sqrt(2))
+
+    def test_the_course_runs_seeds_are_what_its_power_table_sizes(self):
+        _, n = power.course_table(design.COURSE, design.COURSE_STEPS)
+        assert n == len(command.seeds(design.SIZES["course"].seeds))
+        assert design.SIZES["course"].plan["decode_at"] == design.COURSE_STEPS
+
+    def test_the_short_runs_seeds_are_what_the_plans_table_sizes(self):
+        """The default seeds of `./run effect` are as many as the largest 'seeds for 80 %' of the plan's primary
+        family on tokens per verify step (the family that sized it)."""
+        rows = [row.split(" | ") for row in power.plan_table()[2:]]
+        primary = [int(cells[3]) for cells, spec in zip(rows, power.PLAN_ROWS) if spec[3:] == (design.PRIMARY, 7)]
+        assert max(primary) == len(command.seeds(design.SIZES["short"].seeds))
+
+
 def _view_stamp():
     path = VIEW / GPT_STEP
     return path.stat().st_ino, path.stat().st_mtime_ns
@@ -377,6 +502,12 @@ class TestCommands:
         assert exit_.value.code == 0 and "--seeds" in capsys.readouterr().out
         assert _view_stamp() == before and not (tmp_path / "out").exists()
 
+    @pytest.mark.parametrize("name", ["effect", "repro"])
+    def test_help_is_the_usage_alone(self, name):
+        """As a user runs it: no third-party warning (megatron-core's about Transformer Engine or Apex) before it."""
+        done = subprocess.run([str(REPO / "run"), name, "--help"], capture_output=True, text=True)
+        assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith(f"usage: ./run {name} ")
+
     @pytest.mark.parametrize("module", [effect, repro])
     @pytest.mark.parametrize(
         "args",
@@ -388,6 +519,7 @@ class TestCommands:
             ["--seeds", f"0-{command.MAX_SEEDS}"],
             ["--out"],
             ["--size", "9"],
+            ["--plateau", "--course"],
         ],
     )
     def test_a_bad_value_is_one_line_and_exit_2(self, module, args, capsys):
@@ -426,7 +558,7 @@ class TestCommands:
         assert f"control: {0 if zeroed else len(contrasts)} of {len(contrasts)} contrasts" in out
         assert command.Arms.call_args.args[1] == {arm: BASE for arm in command.ARMS}
         plans = [json.loads(plan)["runs"] for plan in command.Arms.call_args.args[2].values()]
-        assert all(list(runs) == list(effect.BRIDGE) for arm in plans for runs in arm)  # the arms' contrasts only
+        assert all(list(runs) == list(design.BRIDGE) for arm in plans for runs in arm)  # the arms' contrasts only
 
     def test_seeds(self):
         assert command.seeds("10-19") == tuple(range(10, 20))
