@@ -15,10 +15,6 @@ from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS
 
 
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
-UNREAD = (
-    "positions the MTP loss counts where a zero gradient need not be a mask (no labels, a row without gradient, a loss \
-that weighs positions unequally or drops them by their value)"
-)
 
 
 def watch(args) -> tuple[str, Exit]:
@@ -74,9 +70,11 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     if not total["calls"]:
         if stopped:
             raise stopped
+        if code:  # what the command did before it ended is all there is to say
+            return f"mtp-mask-fix watch: {name}: no MTP loss call before {name} {ended}", _code(code)
         imported = f"imported in {len(ranks)} process(es), never called with MTP on" if ranks else "not seen imported"
         said = f"no MTP loss call: megatron-core's MTP loss {imported} (looked for {LOOKED_FOR}); {UNSEEN}"
-        return f"mtp-mask-fix watch: {name}: {said}" + f"; {name} {ended}" * bool(code), _code(code) or Exit.FAILED
+        return f"mtp-mask-fix watch: {name}: {said}", Exit.FAILED
     shapes = {who: _shape(c) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
     usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
     lines = [
@@ -85,9 +83,10 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     ranked = [who for who in ranks if isinstance(who, int)]  # every rank, with the MTP loss (its last stage) or not
     run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
     head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
-    nothing = total["trained"] == total["no_gradient"]  # no call judged
-    if total["unread"]:
-        head += f"; not judged: {total['unread']} {UNREAD}"
+    unjudged = {"maskless": "with no 0/1 mask found in the loss", "unplaced": "whose loss masks after a reduction"}
+    if said := [f"{total[key]} call(s) {words}" for key, words in unjudged.items() if total[key]]:
+        head += f"; not judged: {', '.join(said)}"
+    nothing = total["trained"] == total["maskless"] + total["unplaced"]  # no call judged
     if stale := sum(not r["final"] for r in reports):
         head += f"; {stale} process(es) ended without a last report (SIGKILL, a crash): counted up to an earlier one"
     if strict := next((r["where"] for r in reports if r["where"]), None):
@@ -97,7 +96,7 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     elif code:
         head += f"; {name} {ended}"
     elif nothing:
-        head += "; no call judged: none was trained with a gradient"
+        head += "; no call judged: none was trained, or its loss applied no mask watch could place"
     otherwise = stopped.code if stopped else _code(code) or Exit.FAILED * nothing
     return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
@@ -109,7 +108,7 @@ def _code(code: int) -> int:
 
 def _shape(c: dict) -> tuple:
     """What is judged of a rank's calls, not its data: the calls' counts, and which findings it has."""
-    found = (c["trains"], c["skips"], *(c[f"shift {k}"] for k in SHIFTS[1:]))
+    found = (c["counts"], c["leaves"], *(c[f"shift {k}"] for k in SHIFTS[1:]))
     return (*(c[key] for key in ("trained", "evaluated", "no_labels", "against", "no_mask")), *map(bool, found))
 
 
@@ -117,15 +116,15 @@ def _counts(c: dict) -> str:
     """How many MTP loss calls of a job (or a rank) trained, how many were evaluated, and what the trained ones had."""
     waiting = c["calls"] - c["evaluated"] - c["trained"]
     calls = f"MTP loss calls trained {c['trained']}, evaluated {c['evaluated']}, not reached by a backward {waiting}"
-    return f"{calls}: {c['no_gradient']} whose loss sent no gradient (not judged), {c['no_labels']} without labels"
+    return f"{calls}, {c['no_labels']} of the trained without labels"
 
 
 def _against(c: dict) -> str:
     """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; or that none did."""
     said = [f"{c['no_mask']} without a loss_mask (core's MTP loss then counts every position)"] * bool(c["no_mask"])
-    said += [f"the MTP loss trains {c['trains']} positions the loss masks"] * bool(c["trains"])
-    said += [f"the MTP loss skips {c['skips']} positions the loss trains"] * bool(c["skips"])
+    said += [f"the MTP loss counts {c['counts']} positions the loss's mask leaves out"] * bool(c["counts"])
+    said += [f"the MTP loss leaves out {c['leaves']} positions the loss's mask counts"] * bool(c["leaves"])
     said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
     if c["against"]:
         return f": {c['against']} trained against the contract: {'; '.join(said)}"
-    return ": no finding" if c["trained"] > c["no_gradient"] else ""
+    return ": no finding" if c["trained"] > c["maskless"] + c["unplaced"] else ""
