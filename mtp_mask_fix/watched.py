@@ -107,12 +107,12 @@ def _following(cls, func, types, args=(), kwargs=None):
             return out
         ours = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (list, tuple)) else (a,))]
         ours, target = [a for a in ours if isinstance(a, cls)], kwargs.get("out", args[0] if args else None)
-        writes = name in WRITES or name[-1:] == "_" != name[:1]
-        if writes and torch.is_tensor(target) and not isinstance(target, cls):
-            target._derived = True  # the model's outputs written into a tensor of the job's: no mask of its data
-        if not ours or writes and not isinstance(target, cls):
+        if not ours:
             return out
         try:
+            if (name in WRITES or name[-1:] == "_" != name[:1]) and not isinstance(target, cls):
+                target._derived = True  # the model's outputs written into a tensor of the job's: no mask of its data
+                return out
             index = _positions(name, func, args, kwargs, out, ours)
         except Exception:  # a layout this file cannot follow: never the job's error
             index = torch.full([1] * getattr(out, "ndim", 0), MIXED, device=ours[0].device)
