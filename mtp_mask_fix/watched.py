@@ -135,6 +135,7 @@ def _positions(name: str, func, args: tuple, kwargs: dict, out, ours: list):
         ]
         first = spread if isinstance(args[0], (list, tuple)) else spread[0]
         return func(first, *args[1:], **{k: v for k, v in kwargs.items() if k != "out"})
+    out = out[0] if isinstance(out, (tuple, list)) else out  # a reduction's values and indices have one shape
     if len(ours) == 1 and out.shape == ours[0].shape:  # most operations: element by element
         return index
     for other in (t._index for t in ours[1:]):  # two positions meet: MIXED; a position meets MIXED: the position
@@ -243,8 +244,7 @@ def _trained(call: dict, where: str | None, gradient) -> None:
     if "shape" in call:
         torch = sys.modules["torch"]
         values = _judged(call).to("cpu", non_blocking=True)
-        event = torch.cuda.Event() if gradient.is_cuda else None
-        if event:
+        if event := torch.cuda.Event() if gradient.is_cuda else None:
             event.record()
         pending.append((values, event, call["no_labels"], call["mask"] is None))
         call.clear()
