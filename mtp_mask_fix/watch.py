@@ -50,18 +50,9 @@ def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
 
 
 def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | None = None) -> tuple[str, Exit]:
-    """The job's line, one per rank whose judged counts are unlike most ranks', and the code.
-
-    Args:
-        name: the command.
-        code: its exit code (-n: killed by signal n).
-        reports: each watched process's last report.
-        stopped: the signal watch passed on to the job, if any.
-
-    Returns:
-        The lines, and 7 when an MTP loss trained against the contract, else 128+n for signal n, else 8 when the
-        command failed, else 5 when no call was judged.
-    """
+    """The job's line and one per rank whose judged counts are unlike most ranks', from each process's last report,
+    for `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on; and the exit code: 7 when
+    an MTP loss trained against the contract, else 128+n for signal n, 8 when the command failed, 5 if none judged."""
     total, ranks = {key: sum(r[key] for r in reports) for key in COUNTS}, {}
     for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
         ranks.setdefault(int(r["rank"]) if r["rank"] is not None else f"pid {r['pid']}", []).append(r)

@@ -86,13 +86,22 @@ def _followed(out, call: dict, index):
         return items if isinstance(out, list) else type(out)(items)
     if not isinstance(out, torch.Tensor) or out.dim() == 0:
         return out
-    if not followed:
-        followed.append(type("Followed", (torch.Tensor,), {"__torch_function__": _following}))
+    if not followed:  # pickled or copied, it is the plain tensor it aliases
+        plain = {name: _as_plain(getattr(torch.Tensor, name)) for name in ("__reduce_ex__", "__deepcopy__")}
+        followed.append(type("Followed", (torch.Tensor,), {"__torch_function__": _following, **plain}))
     out = out if isinstance(out, followed[0]) else out.as_subclass(followed[0])
     for d in range(index.dim()):  # an expand's copies kept once: a dim of stride 0 at size 1
         index = index.narrow(d, 0, 1) if index.stride(d) == 0 and index.shape[d] > 1 else index
     out._call, out._index = call, index
     return out
+
+
+def _as_plain(method):
+    def plain(self, *args):
+        with sys.modules["torch"]._C.DisableTorchFunctionSubclass():
+            return method(self.as_subclass(sys.modules["torch"].Tensor), *args)
+
+    return plain
 
 
 @classmethod

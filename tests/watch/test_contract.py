@@ -6,8 +6,10 @@ model has learned, with the number of positions its MTP loss counts that its los
 that the mask counts. Those numbers come from the batches (the mask each loop's loss applies), never from watch's
 code."""
 
+import copy
 import json
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -219,13 +221,15 @@ WATCHED = ["ones over padding", "double-shifted labels", "sft", "rl", "2 MTP lay
 @pytest.mark.parametrize("name", [*WATCHED, "per-token loss weights", "the mask a boolean index"])
 def test_watching_changes_no_loss_no_gradient_and_nothing_the_job_receives(models, wrap, tmp_path, name):
     """Every check runs on these calls, and their backward hooks with them; the job gets a torch.Tensor of the same
-    values and shape."""
+    values and shape, which pickles and copies as the plain tensor."""
     model = models[loops.LOOPS[name].layers]
     bare = _step(model, name)
     wrap()
     seen = _step(model, name)
     assert reported(tmp_path)["trained"] == 1
     assert isinstance(seen[0], torch.Tensor) and seen[0].shape == bare[0].shape and torch.equal(seen[0], bare[0])
+    for copied in (pickle.loads(pickle.dumps(seen[0].detach())), copy.deepcopy(seen[0].detach())):
+        assert type(copied) is torch.Tensor and torch.equal(copied, bare[0])  # torch.save, a queue to a process
     assert seen[1] == bare[1] and bare[2].keys() == seen[2].keys() and bare[2]
     assert [name for name in bare[2] if not torch.equal(bare[2][name], seen[2][name])] == []
 
