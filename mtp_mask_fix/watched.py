@@ -183,7 +183,8 @@ def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
         return
     if getattr(mask, "_derived", False) or (mask.dtype != torch.bool and kept is not None):
         return  # the model's outputs written into it, or an index where only a boolean one masks
-    mask = mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim()))  # a boolean index of the leading dims
+    if name in ("__getitem__", "__setitem__"):  # a boolean index of the leading dims
+        mask = mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim()))
     if torch.broadcast_shapes(mask.shape, value._index.shape) == value._index.shape:  # not one over the vocabulary
         event = {"index": value._index, "mask": mask, "kept": kept, "reached": False}
         call.setdefault("events", []).append(event)
@@ -251,9 +252,8 @@ def _judged(call: dict):
 def _trained(call: dict, where: str | None, gradient) -> None:
     """A backward reached the call's MTP loss: it trains, so it is judged (once, whatever the backwards)."""
     if "shape" in call:
-        torch = sys.modules["torch"]
         values = _judged(call).to("cpu", non_blocking=True)
-        if event := torch.cuda.Event() if gradient.is_cuda else None:
+        if event := sys.modules["torch"].cuda.Event() if gradient.is_cuda else None:
             event.record()
         pending.append((values, event, call["no_labels"], call["mask"] is None))
         call.clear()

@@ -292,6 +292,9 @@ RIGHT = {
         lambda: pretraining(_text(3, 25)), loss=lambda batch, out: megatron_lm_loss(batch["mask"], floored(out, 0.25))
     ),
     **{f"the mask {form}": Loop(sft, loss=lambda b, out, f=f: f(out, b["mask"])) for form, f in FORMS.items()},
+    "one row of mask for every row": Loop(
+        lambda: sft(((10, 3), (10, 3))), loss=lambda b, out: masked_mean(out, b["mask"][0])
+    ),
     "rl, cross-entropy with an ignore index": Loop(rl, loss=cross_entropy_ignoring),
     "rl, masked importance sampling from the batch": Loop(
         lambda: banded(rl()), loss=lambda b, out: policy_loss(dict(b, advantages=b["advantages"] * b["band"]), out)
