@@ -75,9 +75,10 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
     head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
     unjudged = {"maskless": "with no 0/1 mask found in the loss", "unplaced": "whose loss masks after a reduction"}
+    unjudged["ambiguous"] = "whose MTP loss counts what one of the loss's masks keeps, not what all of them keep"
     if said := [f"{total[key]} call(s) {words}" for key, words in unjudged.items() if total[key]]:
         head += f"; not judged: {', '.join(said)}"
-    nothing = total["trained"] == total["maskless"] + total["unplaced"]  # no call judged
+    nothing = total["trained"] == sum(total[key] for key in unjudged)  # no call judged
     if stale := sum(not r["final"] for r in reports):
         head += f"; {stale} process(es) ended without a last report (SIGKILL, a crash): counted up to an earlier one"
     if strict := next((r["where"] for r in reports if r["where"]), None):
@@ -118,4 +119,4 @@ def _against(c: dict) -> str:
     said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
     if c["against"]:
         return f": {c['against']} trained against the contract: {'; '.join(said)}"
-    return ": no finding" if c["trained"] > c["maskless"] + c["unplaced"] else ""
+    return ": no finding" if c["trained"] > c["maskless"] + c["unplaced"] + c["ambiguous"] else ""

@@ -26,7 +26,7 @@ CONFIG = json.loads(os.environ.get("MTP_MASK_FIX_WATCH", "{}"))  # {"steps": N o
 EVERY = 10.0  # seconds between a process's reports while it runs, besides one whenever its verdict changes
 SHIFTS = (1, 0, 2, 3)  # label[i] = input[i + shift]: the contract's first
 NEARLY = 0.99  # labels are the inputs shifted by k when they are so on this share of the counted positions
-FIGURES = ("counts", "leaves", "maskless", "unplaced", *(f"shift {k}" for k in SHIFTS[1:]))  # a call's, on its device
+FIGURES = ("counts", "leaves", "maskless", "unplaced", "ambiguous", *(f"shift {k}" for k in SHIFTS[1:]))  # on a device
 JUDGED = ("against", "no_mask", *FIGURES)
 COUNTS = ("calls", "evaluated", "trained", "no_labels", *JUDGED)
 MOVES = set(  # operations that move elements without mixing them: applied to the positions too, they say where to
@@ -70,7 +70,7 @@ def _returning_followed(call_model):
         if seen["calls"] != before and getattr(out, "requires_grad", False) and out.shape[:2] == latest[0]["shape"]:
             torch = sys.modules["torch"]
             index = torch.arange(out.shape[:2].numel(), device=out.device).view(*out.shape[:2], *[1] * (out.dim() - 2))
-            out, latest[0]["index"] = _followed(out, latest[0], index), index
+            out = _followed(out, latest[0], index)
         return out
 
     return __call__
@@ -192,14 +192,13 @@ def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
 
 
 def _judged(call: dict):
-    """A trained call's FIGURES as one device tensor: the positions its MTP loss counts against the masks its loss
-    applied. Each 0/1 operand the loss applied, and all of them at once, is a reading of the job's data mask (a
-    selection may be one too): the figures are against the reading closest to what the MTP loss counts, 0 where one
-    agrees."""
+    """A trained call's FIGURES as one device tensor: the positions its MTP loss counts against the 0/1 masks its loss
+    applied. The call agrees when the MTP loss counts the positions all of them keep; it is not judged where it counts
+    those of one mask only (another may be a selection), else it is measured against the closest: all, or one."""
     torch, shape, mask, device = sys.modules["torch"], call["shape"], call["mask"], call["device"]
     n, true, sequence = shape.numel(), torch.ones((), dtype=torch.bool, device=device), None
     if mask is not None and mask.numel() != n:  # a layout this file does not read
-        return torch.tensor([0, 0, 0, 1, 0, 0, 0], device=device)
+        return torch.tensor([0, 0, 0, 1, 0, 0, 0, 0], device=device)
     counted = true.expand(shape) if mask is None else mask.reshape(shape) != 0
     if call["cu"] is not None:  # packed rows (THD): each position's sequence
         positions = torch.arange(shape[-1], device=device)
@@ -218,25 +217,25 @@ def _judged(call: dict):
     for event in (e for e in call.get("events", ()) if e["reached"]):
         mask, index = event["mask"], event["index"]
         kept = mask if event["kept"] else ~mask if event["kept"] is False else mask != 0
-        binary = ((mask == 0) | (mask == 1)).all() if event["kept"] is None else true
         index, kept = (t.expand(index.shape).reshape(-1) for t in (index, kept))
-        if index.is_contiguous() and index.data_ptr() == call["index"].data_ptr() and len(index) == n:
-            here, keeps = binary.expand(n), kept & binary  # the output's own order (a view of it)
-        else:
-            zeros = torch.zeros(n + 1, dtype=torch.long, device=device)
-            here, keeps = (
-                zeros.index_add(0, torch.where((index >= 0) & m, index, n), torch.ones_like(index))[:n].bool() & binary
-                for m in (true, kept)
-            )
-            unplaced = unplaced | ((index == MIXED) & ~kept).any() & binary
-        readings.append((keeps, (here & ~keeps).any()))
+        zeros = torch.zeros(n + 1, dtype=torch.long, device=device)
+        here, keeps = (
+            zeros.index_add(0, torch.where((index >= 0) & m, index, n), torch.ones_like(index))[:n].bool()
+            for m in (true, kept)
+        )
+        binary = ((mask == 0) | (mask == 1)).all() if event["kept"] is None else true
+        unplaced = unplaced | ((index == MIXED) & ~kept).any() & binary
+        binary = binary & keeps.any()  # a mask: 0/1, keeping some position (not advantages that are all 0)
+        here, keeps = here & binary, keeps & binary
+        readings.append((keeps, (here & ~keeps).any()))  # what it keeps; whether it masks a position
         present, applied = present | here, applied & (keeps | ~here)
-    readings.insert(0, (present & applied, present.any()))
-    masks, counts = targets(torch.stack([r[0] for r in readings]).view(-1, *shape)), targets(counted)
-    over, under = (counts & ~masks).flatten(1).sum(1), (masks & ~counts).flatten(1).sum(1)
-    best = torch.where(torch.stack([r[1] for r in readings]), over + under, n + 1).argmin()
-    judged = present.any() & ~unplaced
-    figures = [over[best] * judged, under[best] * judged, ~present.any(), present.any() & unplaced]
+    found = present.any()
+    masks = targets(torch.stack([present & applied, *(r[0] for r in readings)]).view(-1, *shape))
+    over, under = (targets(counted) & ~masks).flatten(1).sum(1), (masks & ~targets(counted)).flatten(1).sum(1)
+    valid, miss = torch.stack([found, *(r[1] for r in readings)]), over + under
+    ambiguous = (miss[0] > 0) & (valid[1:] & (miss[1:] == 0)).any()  # one of the loss's masks, not all at once
+    best, judged = torch.where(valid, miss, n + 1).argmin(), found & ~unplaced & ~ambiguous
+    figures = [over[best] * judged, under[best] * judged, ~found, found & unplaced, found & ~unplaced & ambiguous]
     shifted = ~true.expand(len(SHIFTS) - 1)
     if "labels" in call and shape[-1] > 3:  # every shift scored on the same positions, each within one sequence
         m = shape[-1] - 3
@@ -276,7 +275,7 @@ def _settle(block: bool = False) -> bool:
     while pending and (block or pending[0][1] is None or pending[0][1].query()):
         values, _, no_labels, no_mask = pending.pop(0)
         figures = dict(zip(FIGURES, values.tolist()), no_mask=int(no_mask))
-        against = no_mask or any(figures[key] for key in FIGURES if key not in ("maskless", "unplaced"))
+        against = no_mask or any(figures[key] for key in FIGURES if key not in ("maskless", "unplaced", "ambiguous"))
         seen.update(figures, against=int(against), trained=1, no_labels=int(no_labels))
     return before != tuple(bool(seen[key]) for key in ("trained", *JUDGED))
 

@@ -212,6 +212,23 @@ def banded(batch: dict) -> dict:
     return dict(batch, band=((drift.exp() > 0.8) & (drift.exp() < 1.25)).float())
 
 
+def verl_labels(batch: dict) -> dict:
+    """The rollout batch as verl's Megatron actor hands it to the model, with labels: its mask label-aligned (the
+    response's labels), and its label mask: the attention mask over the labels, one label past each response's end."""
+    tokens, mask = batch["tokens"], batch["mask"][:, 1:].bool()
+    labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], PAD)], 1)
+    mask = torch.cat([mask, torch.zeros_like(mask[:, :1])], 1)
+    label_mask = mask | torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
+    return dict(batch, labels=labels, mask=mask.float(), label_mask=label_mask)
+
+
+def label_masked(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """verl's policy loss on the model's per-token loss: log-probabilities zeroed outside the label mask, then the
+    loss masked by the response's mask."""
+    logp = (-losses).masked_fill(~batch["label_mask"], 0.0)
+    return -masked_mean(logp * batch["advantages"], batch["mask"])
+
+
 def row_masked_after_reduction(batch: dict, losses: torch.Tensor) -> torch.Tensor:
     """Each row's masked mean, then a row mask (the last row dropped) applied to the per-row losses."""
     mask = batch["mask"]
@@ -282,6 +299,10 @@ RIGHT = {
     "ppo, most tokens clipped": Loop(rl, loss=policy_loss),
     "ppo, one unclipped token a row": Loop(rl, loss=one_unclipped_per_row),
     "masked importance sampling": Loop(rl, loss=lambda batch, out: policy_loss(batch, out, band=(0.8, 1.25))),
+    "verl's label mask, the response's handed to the model": Loop(
+        lambda: verl_labels(rl(left=False)), loss=label_masked
+    ),
+    "grpo, every advantage zero": Loop(lambda: rl(advantages=(0.0, 0.0, 0.0)), loss=grpo_loss),
     "grpo, a group of zero advantages": Loop(lambda: rl(GROUPS, advantages=(0.7, -0.7, 0.0, 0.0)), loss=grpo_loss),
     "excess loss over a reference (Rho-1)": Loop(lambda: with_weights(sft()), loss=excess_loss_selected),
     "each row's top 10 % losses dropped": Loop(lambda: sft(loss="text"), loss=top_dropped),
@@ -306,6 +327,10 @@ UNJUDGED = {  # calls no backward reaches, or whose loss applies no 0/1 mask: no
     "eval with grad": Loop(sft, mtp_mask=lambda batch: None, train=False, backward=False),
     "a loss without a mask": Loop(lambda: pretraining(_text(3, 25)), loss=lambda batch, out: out.mean()),
     "a row mask after a reduction": Loop(sft, loss=row_masked_after_reduction),
+    "reinforce, rewards of 0 and 1 as advantages": Loop(lambda: rl(advantages=(1.0, 0.0, 1.0)), loss=grpo_loss),
+    "verl's label mask, one past the response, handed to the model": Loop(
+        lambda: verl_labels(rl(left=False)), mtp_mask=lambda batch: batch["label_mask"], loss=label_masked
+    ),
 }
 WRONG = {
     "no mask": Loop(sft, mtp_mask=lambda batch: None),
@@ -335,6 +360,7 @@ WRONG = {
         for form, f in FORMS.items()
     },
     "rl, label-aligned mask": Loop(rl, mtp_mask=label_aligned, loss=grpo_loss),
+    "verl's label mask, ones": Loop(lambda: verl_labels(rl(left=False)), mtp_mask=ONES, loss=label_masked),
 }
 LOOPS = {**RIGHT, **UNJUDGED, **WRONG}
 

@@ -22,6 +22,13 @@ from tests.watch import loops
 from tinymodel import cpu_runtime
 
 
+ONE_OF_THEM = "whose MTP loss counts what one of the loss's masks keeps, not what all of them keep"
+UNJUDGED = {  # a loop that is not judged: why (None: the loss applies no 0/1 mask)
+    None: "with no 0/1 mask found in the loss",
+    "a row mask after a reduction": "whose loss masks after a reduction",
+    "reinforce, rewards of 0 and 1 as advantages": ONE_OF_THEM,
+    "verl's label mask, one past the response, handed to the model": ONE_OF_THEM,
+}
 SHIFTED = {"labels shifted by 0": 0, "double-shifted labels": 2}  # loop: by how much its labels are shifted
 COUNTS = "MTP loss calls trained {}, evaluated {}, not reached by a backward {}, {} of the trained without labels"
 
@@ -88,15 +95,19 @@ def judged(models, wrap, tmp_path):
 def expected(name: str) -> tuple[int, int]:
     """(positions the MTP loss counts and the loss's mask leaves out, positions the mask counts and the MTP loss leaves
     out) of a loop, from its batch: its loss applies the batch's mask, label-aligned (each label from the second is an
-    MTP target); without labels the loss scores token t + 1 at t and core rolls the mask it is handed by one, so the
-    targets are the positions from the second to the last but one."""
+    MTP target), and its label mask if it has one, the closer of them taken; without labels the loss scores token
+    t + 1 at t and core rolls the mask it is handed by one, so the targets are from the second to the last but one."""
     loop = loops.LOOPS[name]
     batch = loop.batch()
-    handed, data = loop.mtp_mask(batch), batch["mask"] != 0
-    counted = torch.ones_like(data) if handed is None else handed != 0
+    handed = loop.mtp_mask(batch)
+    counted = torch.ones_like(batch["mask"], dtype=torch.bool) if handed is None else handed != 0
+    datas = [batch[key] != 0 for key in ("mask", "label_mask") if key in batch]
     if batch["labels"] is None:
-        data, counted = (torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)[:, :-1] for m in (data, counted))
-    return int((counted & ~data)[:, 1:].sum()), int((data & ~counted)[:, 1:].sum())
+        datas, counted = (
+            [torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)[:, :-1] for m in ms] for ms in (datas, [counted])
+        )
+        counted = counted[0]
+    return min(((int((counted & ~data)[:, 1:].sum()), int((data & ~counted)[:, 1:].sum())) for data in datas), key=sum)
 
 
 def findings(counts: int, leaves: int, no_mask: bool = False) -> str:
@@ -142,11 +153,11 @@ def test_a_call_no_backward_reaches_or_whose_loss_applies_no_mask_is_not_judged(
     alone, code = judged(name)
     assert code == Exit.FAILED and "; no call judged: " in alone, alone
     reached = name != "eval with grad"
-    why = "whose loss masks after a reduction" if "reduction" in name else "with no 0/1 mask found in the loss"
-    assert (f"; not judged: 1 call(s) {why};" in alone) == reached, alone
+    assert (f"; not judged: 1 call(s) {UNJUDGED.get(name, UNJUDGED[None])};" in alone) == reached, alone
     text, code = judged("sft", name)
     assert (code, text.count("\n")) == (Exit.OK, 0), text
-    assert COUNTS.format(1 + reached, 0, int(not reached), 0) in text and ": no finding" in text, text
+    labelless = int(reached and loops.LOOPS[name].batch()["labels"] is None)
+    assert COUNTS.format(1 + reached, 0, int(not reached), labelless) in text and ": no finding" in text, text
 
 
 def test_the_mtp_loss_trains_whatever_gradient_the_loss_sends(models):
