@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.signals import SIGNALS, Interrupted
-from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS
+from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS, UNJUDGED
 
 
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
@@ -35,7 +35,8 @@ def watch(args) -> tuple[str, Exit]:
         except Interrupted as exc:
             stopped, code = exc, _code_once_stopped(job, signal.Signals[exc.name])
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the job has ended: what it reported stands
-        return verdict(command[0], code, [json.loads(p.read_text()) for p in Path(folder).glob("*.json")], stopped)
+        reports = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]
+        return verdict(command[0], code, reports, stopped, steps)
 
 
 def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
@@ -49,9 +50,12 @@ def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
             sig = signal.SIGKILL
 
 
-def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | None = None) -> tuple[str, Exit]:
+def verdict(
+    name: str, code: int, reports: list[dict], stopped: Interrupted | None = None, steps=None
+) -> tuple[str, Exit]:
     """The job's line and one per rank whose judged counts are unlike most ranks', from each process's last report,
-    for `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on; and the exit code: 7 when
+    for `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on, counting each process's
+    first `steps` calls; and the exit code: 7 when
     an MTP loss trained against the contract, else 128+n for signal n, 8 when the command failed, 5 if none judged."""
     total, ranks = {key: sum(r[key] for r in reports) for key in COUNTS}, {}
     for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
@@ -73,12 +77,13 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     ]
     ranked = [who for who in ranks if isinstance(who, int)]  # every rank, with the MTP loss (its last stage) or not
     run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
-    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
-    unjudged = {"maskless": "with no 0/1 mask found in the loss", "unplaced": "whose loss masks after a reduction"}
+    counted = f"; each process's first {steps} calls counted, --steps" * bool(steps)
+    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}{counted}){_against(total)}"
+    unjudged = dict(zip(UNJUDGED, ("with no 0/1 mask found in the loss", "whose loss masks after a reduction")))
     unjudged["ambiguous"] = "whose MTP loss counts what one of the loss's masks keeps, not what all of them keep"
     if said := [f"{total[key]} call(s) {words}" for key, words in unjudged.items() if total[key]]:
         head += f"; not judged: {', '.join(said)}"
-    nothing = total["trained"] == sum(total[key] for key in unjudged)  # no call judged
+    nothing = total["trained"] == sum(total[key] for key in UNJUDGED)  # no call judged
     if stale := sum(not r["final"] for r in reports):
         head += f"; {stale} process(es) ended without a last report (SIGKILL, a crash): counted up to an earlier one"
     if strict := next((r["where"] for r in reports if r["where"]), None):
@@ -88,7 +93,7 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     elif code:
         head += f"; {name} {ended}"
     elif nothing:
-        head += "; no call judged: none was trained, or its loss applied no mask watch could place"
+        head += "; no call judged" + ": none was trained" * (not total["trained"])
     otherwise = stopped.code if stopped else _code(code) or Exit.FAILED * nothing
     return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
@@ -107,16 +112,16 @@ def _shape(c: dict) -> tuple:
 def _counts(c: dict) -> str:
     """How many MTP loss calls of a job (or a rank) trained, how many were evaluated, and what the trained ones had."""
     waiting = c["calls"] - c["evaluated"] - c["trained"]
-    calls = f"MTP loss calls trained {c['trained']}, evaluated {c['evaluated']}, not reached by a backward {waiting}"
-    return f"{calls}, {c['no_labels']} of the trained without labels"
+    trained = f"MTP loss calls trained {c['trained']} ({c['no_labels']} without labels)"
+    return f"{trained}, evaluated {c['evaluated']}, not reached by a backward {waiting}"
 
 
 def _against(c: dict) -> str:
     """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; or that none did."""
-    said = [f"{c['no_mask']} without a loss_mask (core's MTP loss then counts every position)"] * bool(c["no_mask"])
+    said = [f"{c['no_mask']} without a loss_mask (core's MTP loss counts every position)"] * bool(c["no_mask"])
     said += [f"the MTP loss counts {c['counts']} positions the loss's mask leaves out"] * bool(c["counts"])
     said += [f"the MTP loss leaves out {c['leaves']} positions the loss's mask counts"] * bool(c["leaves"])
     said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
     if c["against"]:
         return f": {c['against']} trained against the contract: {'; '.join(said)}"
-    return ": no finding" if c["trained"] > c["maskless"] + c["unplaced"] + c["ambiguous"] else ""
+    return ": no finding" if c["trained"] > sum(c[key] for key in UNJUDGED) else ""

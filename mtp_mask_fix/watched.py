@@ -26,7 +26,8 @@ CONFIG = json.loads(os.environ.get("MTP_MASK_FIX_WATCH", "{}"))  # {"steps": N o
 EVERY = 10.0  # seconds between a process's reports while it runs, besides one whenever its verdict changes
 SHIFTS = (1, 0, 2, 3)  # label[i] = input[i + shift]: the contract's first
 NEARLY = 0.99  # labels are the inputs shifted by k when they are so on this share of the counted positions
-FIGURES = ("counts", "leaves", "maskless", "unplaced", "ambiguous", *(f"shift {k}" for k in SHIFTS[1:]))  # on a device
+UNJUDGED = ("maskless", "unplaced", "ambiguous")  # why a trained call is not judged
+FIGURES = ("counts", "leaves", *UNJUDGED, *(f"shift {k}" for k in SHIFTS[1:]))  # a call's, off its device
 JUDGED = ("against", "no_mask", *FIGURES)
 COUNTS = ("calls", "evaluated", "trained", "no_labels", *JUDGED)
 MOVES = set(  # operations that move elements without mixing them: applied to the positions too, they say where to
@@ -44,12 +45,10 @@ _exit, _import, _due = os._exit, builtins.__import__, [0.0]
 def _observe(c: dict) -> dict | None:
     """What an MTP loss call is handed (`c`, by name; "self": 0.16's inline loss), kept for its backward; None where
     it computes no MTP loss (a stage without the output layer, MTP off)."""
-    if "self" in c and not (c["self"].post_process and c["self"].config.mtp_num_layers is not None):
-        return None
     labels, inputs, mask = c.get("labels"), c.get("input_ids"), c.get("loss_mask")
     derived = labels is None and "self" not in c  # 0.19 on: core rolls input_ids into labels, and the mask with them
     aligned = inputs if derived else labels
-    if aligned is None:
+    if aligned is None or "self" in c and not (c["self"].post_process and c["self"].config.mtp_num_layers is not None):
         return None
     seen["calls"] += 1
     call = {"derived": derived, "mask": mask, "no_labels": labels is None, "shape": aligned.shape}
@@ -86,22 +85,17 @@ def _followed(out, call: dict, index):
         return items if isinstance(out, list) else type(out)(items)
     if not isinstance(out, torch.Tensor) or out.dim() == 0:
         return out
-    if not followed:  # pickled or copied, it is the plain tensor it aliases
-        plain = {name: _as_plain(getattr(torch.Tensor, name)) for name in ("__reduce_ex__", "__deepcopy__")}
+    if not followed:  # pickled or copied, it is the plain tensor it aliases (`.data`)
+        plain = {
+            "__reduce_ex__": lambda t, p: t.data.__reduce_ex__(p),
+            "__deepcopy__": lambda t, m: t.data.__deepcopy__(m),
+        }
         followed.append(type("Followed", (torch.Tensor,), {"__torch_function__": _following, **plain}))
     out = out if isinstance(out, followed[0]) else out.as_subclass(followed[0])
     for d in range(index.dim()):  # an expand's copies kept once: a dim of stride 0 at size 1
         index = index.narrow(d, 0, 1) if index.stride(d) == 0 and index.shape[d] > 1 else index
     out._call, out._index = call, index
     return out
-
-
-def _as_plain(method):
-    def plain(self, *args):
-        with sys.modules["torch"]._C.DisableTorchFunctionSubclass():
-            return method(self.as_subclass(sys.modules["torch"].Tensor), *args)
-
-    return plain
 
 
 @classmethod
@@ -111,7 +105,7 @@ def _following(cls, func, types, args=(), kwargs=None):
     torch, kwargs, name = sys.modules["torch"], kwargs or {}, getattr(func, "__name__", "")
     with torch._C.DisableTorchFunctionSubclass():
         out = func(*args, **kwargs)
-        attribute = name == "__get__" and func.__self__.__name__ not in ("T", "mT", "data")  # shape, grad, ...
+        attribute = name == "__get__" and func.__self__.__name__ not in ("T", "mT")  # shape, grad, data, ...
         if attribute or not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
             return out
         ours = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (list, tuple)) else (a,))]
@@ -137,7 +131,7 @@ def _positions(name: str, func, args: tuple, kwargs: dict, out, ours: list):
     torch, index = sys.modules["torch"], ours[0]._index
     if any(t._call is not ours[0]._call for t in ours):
         raise ValueError("another call's output")
-    if name in MOVES:  # the same operation on the positions
+    if name in MOVES:  # the same operation on the positions (none for a tensor of the job's)
         spread = [
             t._index.expand(t.shape) if isinstance(t, type(ours[0])) else torch.full_like(t, MIXED, dtype=int)
             for t in (args[0] if isinstance(args[0], (list, tuple)) else [args[0]])
@@ -205,9 +199,8 @@ def _judged(call: dict):
         sequence = torch.bucketize(positions, call["cu"][1:].to(positions), right=True)
     counted = counted.roll(-1, -1) if call["derived"] else counted
 
-    def targets(
-        t,
-    ):  # where the MTP loss has a target: a label from its sequence's second (derived: to its last but one)
+    def targets(t):
+        """t where the MTP loss has a target: a label from its sequence's second (derived: to its last but one)."""
         if sequence is None:
             return t[..., 1:-1] if call["derived"] else t[..., 1:]
         within = sequence[1:] == sequence[:-1]
@@ -256,10 +249,9 @@ def _trained(call: dict, where: str | None, gradient) -> None:
             event.record()
         pending.append((values, event, call["no_labels"], call["mask"] is None))
         call.clear()
-        strict = bool(CONFIG.get("strict"))
-        if _settle(block=strict or not seen["trained"]):  # the first trained call's verdict, synchronised once
+        if _settle(block=CONFIG.get("strict") or not seen["trained"]):  # the first trained call's, synchronised once
             _report()
-        if strict and seen["against"]:
+        if CONFIG.get("strict") and seen["against"]:
             seen["where"] = where
             for stream in (sys.stdout, sys.stderr):  # os._exit flushes nothing
                 with contextlib.suppress(Exception):
@@ -274,9 +266,10 @@ def _settle(block: bool = False) -> bool:
     before = tuple(bool(seen[key]) for key in ("trained", *JUDGED))
     while pending and (block or pending[0][1] is None or pending[0][1].query()):
         values, _, no_labels, no_mask = pending.pop(0)
-        figures = dict(zip(FIGURES, values.tolist()), no_mask=int(no_mask))
-        against = no_mask or any(figures[key] for key in FIGURES if key not in ("maskless", "unplaced", "ambiguous"))
-        seen.update(figures, against=int(against), trained=1, no_labels=int(no_labels))
+        figures = dict(zip(FIGURES, values.tolist()))
+        against = any(figures[key] for key in FIGURES if key not in UNJUDGED)
+        figures.update(against=int(against), no_mask=int(against and no_mask), no_labels=int(no_labels))
+        seen.update(figures, trained=1)
     return before != tuple(bool(seen[key]) for key in ("trained", *JUDGED))
 
 

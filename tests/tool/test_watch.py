@@ -184,7 +184,7 @@ def report(rank: str | None, pid: int, **counts: int) -> dict:
 
 
 TRAINED = dict(calls=4, trained=4)
-NOTHING_JUDGED = "; no call judged: none was trained, or its loss applied no mask watch could place"
+NOTHING_JUDGED = "; no call judged"
 
 
 def test_data_parallel_ranks_that_differ_only_in_their_data_print_the_job_line_alone():
@@ -210,13 +210,14 @@ def test_every_rank_counts_and_a_ranks_forks_count_as_the_rank():
     text, code = verdict("job", 0, reports)
     assert (code, text.count("\n")) == (Exit.OK, 0), text
     assert (
-        "MTP loss calls trained 4, evaluated 0, not reached by a backward 0," in text and "(run in 2 rank(s))" in text
+        "MTP loss calls trained 4 (0 without labels), evaluated 0, not reached by a backward 0" in text
+        and "(run in 2 rank(s))" in text
     )
 
 
 def test_training_evaluation_and_forwards_awaiting_their_backward_are_counted_apart():
     text, _ = verdict("job", 0, [report("0", 10, calls=7, trained=4, evaluated=2)])
-    assert "MTP loss calls trained 4, evaluated 2, not reached by a backward 1," in text
+    assert "MTP loss calls trained 4 (0 without labels), evaluated 2, not reached by a backward 1" in text
 
 
 @pytest.mark.parametrize("code", [0, 3, -9])
@@ -238,7 +239,9 @@ def test_a_verdict_stands_however_the_job_ended(code):
 )
 def test_nothing_judged_is_exit_5_unless_the_job_failed(counts):
     text, code = verdict("job", 0, [report("0", 10, **counts)])
-    assert code == Exit.FAILED and text.endswith(NOTHING_JUDGED), text
+    assert code == Exit.FAILED and text.endswith(
+        NOTHING_JUDGED + ": none was trained" * (not counts.get("trained"))
+    ), text
     assert verdict("job", -9, [report("0", 10, **counts)])[1] == 128 + 9
     assert verdict("job", 5, [report("0", 10, **counts)])[1] == Exit.JOB_FAILED
 
@@ -278,6 +281,11 @@ def test_a_job_stopped_through_watch_after_masked_steps_prints_its_counts_and_ex
     out, err = watch.communicate(timeout=600)
     assert (watch.returncode, err) == (128 + signal.SIGTERM, "")
     assert out.startswith("mtp-mask-fix watch: ") and out.count("\n") == 1, out
-    counts = "MTP loss calls trained 2, evaluated 0, not reached by a backward 0, 0 of the trained without labels"
+    counts = "MTP loss calls trained 2 (0 without labels), evaluated 0, not reached by a backward 0"
     assert counts in out and out.endswith("; stopped by SIGTERM\n"), out
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_steps_says_how_many_calls_of_each_process_were_counted():
+    text, code = verdict("job", 0, [report("0", 10, **TRAINED)], steps=4)
+    assert code == Exit.OK and "(run in 1 rank(s); each process's first 4 calls counted, --steps): no finding" in text

@@ -283,6 +283,7 @@ BRIDGE = lambda batch, out: bridge_loss(batch["mask"], out)  # noqa: E731
 GROUPS = ((10, 3), (17, 5), (6, 2), (9, 4))  # two GRPO groups of two rollouts
 RIGHT = {
     "pretraining": Loop(lambda: pretraining(_text(3, 25))),
+    "pretraining, no loss_mask handed": Loop(lambda: pretraining(_text(3, 25)), mtp_mask=lambda batch: None),
     "text ending in runs": Loop(ending_in_runs),
     "one row ending in a run": Loop(lambda: ending_in_runs(every=False)),
     "a run of exactly 8": Loop(lambda: ending_in_runs(run=8)),
@@ -326,6 +327,9 @@ RIGHT = {
 UNJUDGED = {  # calls no backward reaches, or whose loss applies no 0/1 mask: nothing to compare with
     "eval with grad": Loop(sft, mtp_mask=lambda batch: None, train=False, backward=False),
     "a loss without a mask": Loop(lambda: pretraining(_text(3, 25)), loss=lambda batch, out: out.mean()),
+    "a loss without a mask, no loss_mask handed": Loop(
+        lambda: pretraining(_text(3, 25)), mtp_mask=lambda batch: None, loss=lambda batch, out: out.mean()
+    ),
     "a row mask after a reduction": Loop(sft, loss=row_masked_after_reduction),
     "reinforce, rewards of 0 and 1 as advantages": Loop(lambda: rl(advantages=(1.0, 0.0, 1.0)), loss=grpo_loss),
     "verl's label mask, one past the response, handed to the model": Loop(

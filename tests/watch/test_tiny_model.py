@@ -60,7 +60,7 @@ JOBS = {  # name: (watch's options, the command: a worker run of its tree, or on
     "strict, stdout to a file": (("--strict",), [*LOOPS, "no mask"]),
 }
 COUNTS = re.compile(
-    r"MTP loss calls trained (\d+), evaluated (\d+), not reached by a backward (\d+), (\d+) of the trained without labels"
+    r"MTP loss calls trained (\d+) \((\d+) without labels\), evaluated (\d+), not reached by a backward (\d+)"
 )
 
 
@@ -93,8 +93,8 @@ def jobs(tmp_path_factory, request):
 
 @dataclass
 class Watched:
-    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (trained, evaluated, not reached by a backward,
-    without labels)}, the job's line, watch's folders left in TMPDIR, the job's folder."""
+    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (trained, without labels, evaluated, not reached
+    by a backward)}, the job's line, watch's folders left in TMPDIR, the job's folder."""
 
     code: int
     report: dict[str, tuple]
@@ -138,7 +138,7 @@ def trains(*masks: torch.Tensor) -> str:
 
 
 MASK = gpt.make_sft_batch()["loss_mask"]
-UNMASKED = "trained against the contract: {} without a loss_mask (core's MTP loss then counts every position); "
+UNMASKED = "trained against the contract: {} without a loss_mask (core's MTP loss counts every position); "
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +206,7 @@ def test_strict_keeps_what_the_job_printed(watched):
 
 @pytest.mark.parametrize("watched", ["torchrun"], indirect=True)
 def test_torchrun_ranks_megatron_lm_call_silent_label_less_call_reported(watched):
-    ranks = {"job": (2, 0, 0, 1), "rank 0": (1, 0, 0, 0), "rank 1": (1, 0, 0, 1)}
+    ranks = {"job": (2, 1, 0, 0), "rank 0": (1, 0, 0, 0), "rank 1": (1, 1, 0, 0)}
     assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, ranks, []), watched.log
     assert "(run in 2 rank(s)): 1 trained against the contract: 1 without a loss_mask" in watched.head
 
