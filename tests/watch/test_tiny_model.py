@@ -174,7 +174,8 @@ def test_bridge_unpatched_on_pp2_reports_the_last_stages_calls(watched):
     copy's first), each trained, and the job runs to its end; rank 0 runs none, which is no line of its own."""
     first, second = (batch["loss_mask"] for batch in pipeline.micro_batches())
     assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (3, 0, 0, 0)}, []), watched.log
-    assert "(run in 2 rank(s)): 3 " + UNMASKED.format(3) + trains(first, second, first) in watched.head
+    assert "(run in 2 rank(s); each process's first 3 calls counted, --steps): 3 " + UNMASKED.format(3) in watched.head
+    assert trains(first, second, first) in watched.head
     assert sorted(p.name for p in (watched.folder / OUT).glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
 
 
