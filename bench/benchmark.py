@@ -7,8 +7,8 @@ Run it after `./run setup` (warm). Each tier is one pytest session as `./run tes
 CPU-seconds of its whole process tree (this process is a subreaper, so orphans count), which depend far less than
 wall time on what else runs; pytest's own `--durations` names its slowest steps. The ratios come from interleaved
 rounds (unpatched, patched and patched under `mtp-mask-fix watch`, each a fresh one-rank process running the median
-of --steps forward+backward steps at hidden 128 on 128 positions, wall and CPU time), quoted as the median over
-rounds with its range. Nothing here fails on a figure.
+of --steps forward+backward steps at hidden 128 on 128 positions, and of a tenth as many at hidden 256 on 1,024
+positions, wall and CPU time), quoted as the median over rounds with its range. Nothing here fails on a figure.
 """
 
 import argparse
@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 TIERS = {"push": (), "all": ("--all",)}
+SHAPES = ((128, 128, 1), (256, 1024, 10))  # hidden size, positions, and how many times fewer steps than --steps
 
 
 def _load() -> str:
@@ -99,30 +100,36 @@ def memory() -> None:
 
 
 def ratios(rounds: int, steps: int) -> None:
-    """Print the patched/unpatched and watched/patched step-time ratios (wall and CPU, hidden 128 on 128 positions),
+    """Print the patched/unpatched and watched/patched step-time ratios (wall and CPU) at each of SHAPES, the arms
     interleaved round by round."""
     from maintain.repo import VIEW, pins, release
 
     arms = {"unpatched": (release(pins()["megatron-bridge"]).root, False), "patched": (VIEW, False)}
     arms["watched"] = (VIEW, True)
-    found = {f"{name} ({clock})": [] for name in ("patched/unpatched", "watched/patched") for clock in ("wall", "CPU")}
-    for round_ in range(rounds):
-        order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]  # each arm first in turn
-        shape = ("--steps", str(steps), "--hidden", "128", "--seq", "128")
-        step = {arm: _run("bench", arms[arm][0], 1, *shape, watched=arms[arm][1])[0] for arm in order}
-        for name in found:
-            (top, bottom), key = (
-                name.split(" ")[0].split("/"),
-                "median_step_cpu_s" if "CPU" in name else "median_step_s",
+    for hidden, seq, share in SHAPES:
+        found = {
+            f"{pair} ({clock})": [] for pair in ("patched/unpatched", "watched/patched") for clock in ("wall", "CPU")
+        }
+        shape = ("--steps", str(max(3, steps // share)), "--hidden", str(hidden), "--seq", str(seq))
+        for round_ in range(rounds):
+            order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]  # each arm first in turn
+            step = {arm: _run("bench", arms[arm][0], 1, *shape, watched=arms[arm][1])[0] for arm in order}
+            for name in found:
+                (top, bottom), key = (
+                    name.split(" ")[0].split("/"),
+                    "median_step_cpu_s" if "CPU" in name else "median_step_s",
+                )
+                found[name].append(step[top][key] / step[bottom][key])
+            times = (
+                f"{arm} {step[arm]['median_step_s'] * 1e3:.2f} ms ({step[arm]['median_step_cpu_s'] * 1e3:.2f} CPU)"
+                for arm in arms
             )
-            found[name].append(step[top][key] / step[bottom][key])
-        times = (
-            f"{arm} {step[arm]['median_step_s'] * 1e3:.2f} ms ({step[arm]['median_step_cpu_s'] * 1e3:.2f} CPU)"
-            for arm in arms
-        )
-        print(f"round {round_ + 1}: " + ", ".join(times), flush=True)
-    for name, values in found.items():
-        print(f"{name}: median {statistics.median(values):.3f} (range {min(values):.3f} to {max(values):.3f})")
+            print(f"hidden {hidden} on {seq} positions, round {round_ + 1}: " + ", ".join(times), flush=True)
+        for name, values in found.items():
+            median = statistics.median(values)
+            print(
+                f"hidden {hidden} on {seq} positions, {name}: median {median:.3f} (range {min(values):.3f} to {max(values):.3f})"
+            )
 
 
 def effect(args: list[str]) -> None:

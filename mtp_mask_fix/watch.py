@@ -11,14 +11,10 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.signals import SIGNALS, Interrupted
-from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS
+from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS, UNJUDGED
 
 
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
-UNREAD = (
-    "positions the MTP loss counts where a zero gradient need not be a mask (no labels, a row without gradient, a loss \
-that weighs positions unequally or drops them by their value)"
-)
 
 
 def watch(args) -> tuple[str, Exit]:
@@ -39,7 +35,8 @@ def watch(args) -> tuple[str, Exit]:
         except Interrupted as exc:
             stopped, code = exc, _code_once_stopped(job, signal.Signals[exc.name])
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the job has ended: what it reported stands
-        return verdict(command[0], code, [json.loads(p.read_text()) for p in Path(folder).glob("*.json")], stopped)
+        reports = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]
+        return verdict(command[0], code, reports, stopped, steps)
 
 
 def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
@@ -53,19 +50,13 @@ def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
             sig = signal.SIGKILL
 
 
-def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | None = None) -> tuple[str, Exit]:
-    """The job's line, one per rank whose judged counts are unlike most ranks', and the code.
-
-    Args:
-        name: the command.
-        code: its exit code (-n: killed by signal n).
-        reports: each watched process's last report.
-        stopped: the signal watch passed on to the job, if any.
-
-    Returns:
-        The lines, and 7 when an MTP loss trained against the contract, else 128+n for signal n, else 8 when the
-        command failed, else 5 when no call was judged.
-    """
+def verdict(
+    name: str, code: int, reports: list[dict], stopped: Interrupted | None = None, steps=None
+) -> tuple[str, Exit]:
+    """The job's line and one per rank whose judged counts are unlike most ranks', from each process's last report,
+    for `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on, counting each process's
+    first `steps` calls; and the exit code: 7 when
+    an MTP loss trained against the contract, else 128+n for signal n, 8 when the command failed, 5 if none judged."""
     total, ranks = {key: sum(r[key] for r in reports) for key in COUNTS}, {}
     for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
         ranks.setdefault(int(r["rank"]) if r["rank"] is not None else f"pid {r['pid']}", []).append(r)
@@ -74,9 +65,11 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     if not total["calls"]:
         if stopped:
             raise stopped
+        if code:  # what the command did before it ended is all there is to say
+            return f"mtp-mask-fix watch: {name}: no MTP loss call before {name} {ended}", _code(code)
         imported = f"imported in {len(ranks)} process(es), never called with MTP on" if ranks else "not seen imported"
         said = f"no MTP loss call: megatron-core's MTP loss {imported} (looked for {LOOKED_FOR}); {UNSEEN}"
-        return f"mtp-mask-fix watch: {name}: {said}" + f"; {name} {ended}" * bool(code), _code(code) or Exit.FAILED
+        return f"mtp-mask-fix watch: {name}: {said}", Exit.FAILED
     shapes = {who: _shape(c) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
     usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
     lines = [
@@ -84,10 +77,13 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     ]
     ranked = [who for who in ranks if isinstance(who, int)]  # every rank, with the MTP loss (its last stage) or not
     run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
-    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}){_against(total)}"
-    nothing = total["trained"] == total["no_gradient"]  # no call judged
-    if total["unread"]:
-        head += f"; not judged: {total['unread']} {UNREAD}"
+    counted = f"; each process's first {steps} calls counted, --steps" * bool(steps)
+    head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}{counted}){_against(total)}"
+    unjudged = dict(zip(UNJUDGED, ("with no 0/1 mask found in the loss", "whose loss masks after a reduction")))
+    unjudged["ambiguous"] = "whose MTP loss counts what one of the loss's masks keeps, not what all of them keep"
+    if said := [f"{total[key]} call(s) {words}" for key, words in unjudged.items() if total[key]]:
+        head += f"; not judged: {', '.join(said)}"
+    nothing = total["trained"] == sum(total[key] for key in UNJUDGED)  # no call judged
     if stale := sum(not r["final"] for r in reports):
         head += f"; {stale} process(es) ended without a last report (SIGKILL, a crash): counted up to an earlier one"
     if strict := next((r["where"] for r in reports if r["where"]), None):
@@ -97,7 +93,7 @@ def verdict(name: str, code: int, reports: list[dict], stopped: Interrupted | No
     elif code:
         head += f"; {name} {ended}"
     elif nothing:
-        head += "; no call judged: none was trained with a gradient"
+        head += "; no call judged" + ": none was trained" * (not total["trained"])
     otherwise = stopped.code if stopped else _code(code) or Exit.FAILED * nothing
     return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
@@ -109,23 +105,23 @@ def _code(code: int) -> int:
 
 def _shape(c: dict) -> tuple:
     """What is judged of a rank's calls, not its data: the calls' counts, and which findings it has."""
-    found = (c["trains"], c["skips"], *(c[f"shift {k}"] for k in SHIFTS[1:]))
+    found = (c["counts"], c["leaves"], *(c[f"shift {k}"] for k in SHIFTS[1:]))
     return (*(c[key] for key in ("trained", "evaluated", "no_labels", "against", "no_mask")), *map(bool, found))
 
 
 def _counts(c: dict) -> str:
     """How many MTP loss calls of a job (or a rank) trained, how many were evaluated, and what the trained ones had."""
     waiting = c["calls"] - c["evaluated"] - c["trained"]
-    calls = f"MTP loss calls trained {c['trained']}, evaluated {c['evaluated']}, not reached by a backward {waiting}"
-    return f"{calls}: {c['no_gradient']} whose loss sent no gradient (not judged), {c['no_labels']} without labels"
+    trained = f"MTP loss calls trained {c['trained']} ({c['no_labels']} without labels)"
+    return f"{trained}, evaluated {c['evaluated']}, not reached by a backward {waiting}"
 
 
 def _against(c: dict) -> str:
     """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; or that none did."""
-    said = [f"{c['no_mask']} without a loss_mask (core's MTP loss then counts every position)"] * bool(c["no_mask"])
-    said += [f"the MTP loss trains {c['trains']} positions the loss masks"] * bool(c["trains"])
-    said += [f"the MTP loss skips {c['skips']} positions the loss trains"] * bool(c["skips"])
+    said = [f"{c['no_mask']} without a loss_mask (core's MTP loss counts every position)"] * bool(c["no_mask"])
+    said += [f"the MTP loss counts {c['counts']} positions the loss's mask leaves out"] * bool(c["counts"])
+    said += [f"the MTP loss leaves out {c['leaves']} positions the loss's mask counts"] * bool(c["leaves"])
     said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
     if c["against"]:
         return f": {c['against']} trained against the contract: {'; '.join(said)}"
-    return ": no finding" if c["trained"] > c["no_gradient"] else ""
+    return ": no finding" if c["trained"] > sum(c[key] for key in UNJUDGED) else ""

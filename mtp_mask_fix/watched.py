@@ -1,6 +1,7 @@
-"""The sitecustomize of each Python process that `mtp-mask-fix watch` runs: it compares the positions megatron-core's
-MTP loss counts with those the job's own loss trains (where the gradient that loss sends back is not zero), reports to
-watch's folder as it goes and runs the sitecustomize it hides; standard library only, inert."""
+"""The sitecustomize of each Python process that `mtp-mask-fix watch` runs: it follows what megatron-core's GPTModel
+returns to the job through the job's loss, takes the 0/1 masks that loss applies to it (operands that do not derive
+from the model's outputs), compares them position by position with the positions core's MTP loss counts, reports to
+watch's folder as it goes and runs the sitecustomize it hides; standard library only until core is imported, inert."""
 
 import atexit
 import builtins
@@ -9,6 +10,7 @@ import contextlib
 import functools
 import importlib.machinery
 import importlib.util
+import itertools
 import json
 import os
 import signal
@@ -24,125 +26,232 @@ CONFIG = json.loads(os.environ.get("MTP_MASK_FIX_WATCH", "{}"))  # {"steps": N o
 EVERY = 10.0  # seconds between a process's reports while it runs, besides one whenever its verdict changes
 SHIFTS = (1, 0, 2, 3)  # label[i] = input[i + shift]: the contract's first
 NEARLY = 0.99  # labels are the inputs shifted by k when they are so on this share of the counted positions
-JUDGED = ("no_gradient", "against", "no_mask", "trains", "skips", "unread", *(f"shift {k}" for k in SHIFTS[1:]))
+UNJUDGED = ("maskless", "unplaced", "ambiguous")  # why a trained call is not judged
+FIGURES = ("counts", "leaves", *UNJUDGED, *(f"shift {k}" for k in SHIFTS[1:]))  # a call's, off its device
+JUDGED = ("against", "no_mask", *FIGURES)
 COUNTS = ("calls", "evaluated", "trained", "no_labels", *JUDGED)
+MOVES = set(  # operations that move elements without mixing them: applied to the positions too, they say where to
+    "__getitem__ __get__ view reshape flatten unflatten transpose swapaxes permute t narrow select squeeze unsqueeze "
+    "expand expand_as view_as reshape_as gather take_along_dim index_select split chunk unbind tensor_split roll flip "
+    "movedim moveaxis cat concat concatenate stack repeat tile masked_select".split()
+)
+WRITES = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"}  # in place, as every name ending in _
+MIXED = -1  # the position of an element that mixes several (a row's sum), or of none
 seen, found = collections.Counter(), []  # this process's counts; core's MTP loss, once wrapped
-pending, awaiting = [], []  # judged calls' figures leaving their devices; the call whose LM loss comes next
+pending, latest, followed = [], [None], []  # judged calls' figures leaving their devices; the last call; its class
 _exit, _import, _due = os._exit, builtins.__import__, [0.0]
 
 
 def _observe(c: dict) -> dict | None:
-    """What an MTP loss call is handed, kept for its backward; on the stage with the output layer, with MTP on.
-
-    Args:
-        c: the call's arguments by name ("self": 0.16's GPTModel._postprocess computes the loss inline).
-
-    Returns:
-        The call's tensors and flags, or None when it computes no MTP loss.
-    """
-    if "self" in c and not (c["self"].post_process and c["self"].config.mtp_num_layers is not None):
-        return None
-    torch, labels, inputs, mask = sys.modules["torch"], c.get("labels"), c.get("input_ids"), c.get("loss_mask")
+    """What an MTP loss call is handed (`c`, by name; "self": 0.16's inline loss), kept for its backward; None where
+    it computes no MTP loss (a stage without the output layer, MTP off)."""
+    labels, inputs, mask = c.get("labels"), c.get("input_ids"), c.get("loss_mask")
     derived = labels is None and "self" not in c  # 0.19 on: core rolls input_ids into labels, and the mask with them
     aligned = inputs if derived else labels
-    if aligned is None:
+    if aligned is None or "self" in c and not (c["self"].post_process and c["self"].config.mtp_num_layers is not None):
         return None
     seen["calls"] += 1
-    call = {"derived": derived, "no_mask": mask is None, "no_labels": labels is None, "shape": aligned.shape}
-    if mask is None or mask.numel() == aligned.numel():  # else a layout this file does not read
-        call["counted"] = (
-            aligned.new_ones(aligned.shape, dtype=bool) if mask is None else mask.view(aligned.shape) != 0
-        )
-    cu, positions = getattr(c.get("packed_seq_params"), "cu_seqlens_q", None), torch.arange(aligned.shape[-1])
-    positions = positions.to(aligned.device)  # each position's sequence: packed rows (THD) hold several
-    call["sequence"] = positions * 0 if cu is None else torch.bucketize(positions, cu[1:].to(positions), right=True)
+    call = {"derived": derived, "mask": mask, "no_labels": labels is None, "shape": aligned.shape}
+    call.update(device=aligned.device, cu=getattr(c.get("packed_seq_params"), "cu_seqlens_q", None))
     if not derived and inputs is not None and inputs.shape == labels.shape:
         call.update(labels=labels, inputs=inputs)
-    awaiting[:] = [labels, call] if labels is not None else []  # its forward's LM loss of these labels follows
+    latest[0] = call
     return call
 
 
-def _keeping_the_gradient(function):
-    """LanguageModule.compute_language_model_loss, which gives the LM loss of the labels an MTP loss call just had
-    the hook that keeps its gradient per position, unreduced."""
+def _returning_followed(call_model):
+    """LanguageModule.__call__, whose output (the LM loss per label, or the logits) is followed through the job's
+    loss when it computed an MTP loss that trains: each element knows its position, the label's index."""
 
-    @functools.wraps(function)
-    def compute_language_model_loss(self, labels, *args, **kwargs):
-        loss = function(self, labels, *args, **kwargs)
-        if awaiting and awaiting[0] is labels and getattr(loss, "requires_grad", False):
-            call = awaiting.pop()
-            call["losses"] = loss.detach().clone()
-            loss.register_hook(functools.partial(call.__setitem__, "gradient"))
-            awaiting.clear()
-        return loss
+    @functools.wraps(call_model)
+    def __call__(self, *args, **kwargs):
+        before, out = seen["calls"], call_model(self, *args, **kwargs)
+        if seen["calls"] != before and getattr(out, "requires_grad", False) and out.shape[:2] == latest[0]["shape"]:
+            torch = sys.modules["torch"]
+            index = torch.arange(out.shape[:2].numel(), device=out.device).view(*out.shape[:2], *[1] * (out.dim() - 2))
+            out = _followed(out, latest[0], index)
+        return out
 
-    return compute_language_model_loss
+    return __call__
 
 
-def _judged(call: dict, gradient) -> dict:
-    """A trained call's figures as device tensors: where its MTP loss counts against where the job's loss trains.
+def _followed(out, call: dict, index):
+    """out (a tensor, or a tuple of them) as a tensor of the class that follows the model's output, with its elements'
+    positions (`index`, broadcast to out's shape; one per part for a tuple); a scalar has none and is not followed."""
+    torch = sys.modules["torch"]
+    if isinstance(out, (tuple, list)):
+        parts = index if isinstance(index, (tuple, list)) else itertools.repeat(index)
+        items = [_followed(o, call, i) for o, i in zip(out, parts)]
+        return items if isinstance(out, list) else type(out)(items)
+    if not isinstance(out, torch.Tensor) or out.dim() == 0:
+        return out
+    if not followed:  # pickled or copied, it is the plain tensor it aliases (`.data`)
+        plain = {
+            "__reduce_ex__": lambda t, p: t.data.__reduce_ex__(p),
+            "__deepcopy__": lambda t, m: t.data.__deepcopy__(m),
+        }
+        followed.append(type("Followed", (torch.Tensor,), {"__torch_function__": _following, **plain}))
+    out = out if isinstance(out, followed[0]) else out.as_subclass(followed[0])
+    for d in range(index.dim()):  # an expand's copies kept once: a dim of stride 0 at size 1
+        index = index.narrow(d, 0, 1) if index.stride(d) == 0 and index.shape[d] > 1 else index
+    out._call, out._index = call, index
+    return out
 
-    Args:
-        call: what _observe kept.
-        gradient: what the job's loss sent back, per position ([b, s]) or per hidden state ([s, b, h]).
 
-    Returns:
-        The figures of JUDGED.
-    """
-    torch, shape = sys.modules["torch"], call["shape"]
-    per_token = gradient.dim() == 2  # the LM loss's own: a mask weighs every position it keeps in a row alike there
-    size = gradient.abs() if per_token else gradient.abs().amax(-1).transpose(0, 1)
-    sent = size.any()
-    if "counted" not in call or size.numel() != shape.numel():  # a layout this file does not read
-        zero = torch.zeros((), dtype=torch.long, device=gradient.device)
-        return dict(dict.fromkeys(JUDGED, zero), no_gradient=~sent, unread=zero + shape.numel())
-    size, counted, sequence = size.reshape(shape), call["counted"], call["sequence"]
-    trained = size != 0
-    # An MTP target: a label from its sequence's second on (with derived labels, up to its last but one).
-    target = torch.zeros_like(counted)
-    target[..., 1:] = sequence[1:] == sequence[:-1]
-    if call["derived"]:
-        counted, target = counted.roll(-1, -1), target.roll(-1, -1) & target
-        target[..., -1] = False
-    kept = size.masked_fill(~trained, float("inf")).amin(-1, keepdim=True)
-    read = (kept == size.amax(-1, keepdim=True)) & per_token  # a row's zeros are its mask's (not where it sent none)
-    over, under = counted & ~trained & target, trained & ~counted & target
-    if "losses" in call:  # nor where all lie above or all below those it trains: a loss may drop them by their value
-        value, inf = call["losses"].reshape(shape).float(), float("inf")
-        above = value.masked_fill(~over, inf).amin() > value.masked_fill(~trained, -inf).amax()
-        below = value.masked_fill(~over, -inf).amax() < value.masked_fill(~trained, inf).amin()
-        read = read & ~(above | below)
-    figures = {"no_gradient": ~sent, "no_mask": sent & call["no_mask"], "trains": (over & read).sum()}
-    figures.update(skips=under.sum(), unread=(over & ~read).sum() * sent)
-    shifted = torch.zeros(len(SHIFTS) - 1, dtype=torch.bool, device=counted.device)
-    if "labels" in call and shape[-1] > 3:
-        n = shape[-1] - 3  # every shift scored on the same positions, each within one sequence
-        window = counted[..., :n] & (sequence[:n] == sequence[3:])
-        labels, inputs = call["labels"][..., :n], call["inputs"]
-        hits = torch.stack([((labels == inputs[..., k : n + k]) & window).sum() for k in SHIFTS])
+@classmethod
+def _following(cls, func, types, args=(), kwargs=None):
+    """The followed class's tensor function: the operation as it is, then where its output's elements come from, and
+    whether it applies to them a 0/1 operand that the model's outputs do not produce (a mask)."""
+    torch, kwargs, name = sys.modules["torch"], kwargs or {}, getattr(func, "__name__", "")
+    with torch._C.DisableTorchFunctionSubclass():
+        out = func(*args, **kwargs)
+        attribute = name == "__get__" and func.__self__.__name__ not in ("T", "mT")  # shape, grad, data, ...
+        if attribute or not isinstance(out, (torch.Tensor, tuple, list)) and name != "__setitem__":
+            return out
+        ours = [b for a in (*args, *kwargs.values()) for b in (a if isinstance(a, (list, tuple)) else (a,))]
+        ours, target = [a for a in ours if isinstance(a, cls)], kwargs.get("out", args[0] if args else None)
+        if not ours:
+            return out
+        try:
+            if (name in WRITES or name[-1:] == "_" != name[:1]) and not isinstance(target, cls):
+                target._derived = True  # the model's outputs written into a tensor of the job's: no mask of its data
+                return out
+            index = _positions(name, func, args, kwargs, out, ours)
+        except Exception:  # a layout this file cannot follow: never the job's error
+            index = torch.full([1] * getattr(out, "ndim", 0), MIXED, device=ours[0].device)
+        result = target if out is None else out  # __setitem__ returns None
+        if torch.is_grad_enabled() and getattr(result, "requires_grad", False):
+            with contextlib.suppress(Exception):
+                _masking(name, args, kwargs, result, ours[0]._call)
+        return _followed(out, ours[0]._call, index)
+
+
+def _positions(name: str, func, args: tuple, kwargs: dict, out, ours: list):
+    """Where each element of an operation's output comes from: a position or MIXED, broadcast to its shape."""
+    torch, index = sys.modules["torch"], ours[0]._index
+    if any(t._call is not ours[0]._call for t in ours):
+        raise ValueError("another call's output")
+    if name in MOVES:  # the same operation on the positions (none for a tensor of the job's)
+        spread = [
+            t._index.expand(t.shape) if isinstance(t, type(ours[0])) else torch.full_like(t, MIXED, dtype=int)
+            for t in (args[0] if isinstance(args[0], (list, tuple)) else [args[0]])
+        ]
+        first = spread if isinstance(args[0], (list, tuple)) else spread[0]
+        return func(first, *args[1:], **{k: v for k, v in kwargs.items() if k != "out"})
+    out = out[0] if isinstance(out, (tuple, list)) else out  # a reduction's values and indices have one shape
+    if len(ours) == 1 and out.shape == ours[0].shape:  # most operations: element by element
+        return index
+    for other in (t._index for t in ours[1:]):  # two positions meet: MIXED; a position meets MIXED: the position
+        index = torch.where((index >= 0) & (other >= 0) & (index != other), MIXED, torch.maximum(index, other))
+    shape = torch.broadcast_shapes(*(t.shape for t in ours))
+    index = index.reshape([1] * (len(shape) - index.dim()) + list(index.shape))
+    if out.dim() < len(shape):  # a reduction: over dims of one position each (the vocabulary's), else mixed
+        dim = kwargs.get("dim", args[1] if len(args) > 1 and type(args[1]) in (int, tuple, list) else None)
+        dims = [d % len(shape) for d in ([dim] if type(dim) is int else dim or range(out.dim(), len(shape)))]
+        mixed = any(index.shape[d] > 1 for d in dims)
+        index = index.new_full(out.shape, MIXED) if mixed else index.amax(dims)
+    elif out.shape != torch.broadcast_shapes(out.shape, index.shape):
+        index = index.new_full([], MIXED)  # a shape this file cannot place
+    return index.reshape([1] * (out.dim() - index.dim()) + list(index.shape))
+
+
+def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
+    """If the operation applies a 0/1 operand of the job's own (not derived from the model's outputs) to the followed
+    tensor, keep it with its elements' positions for the call's backward, which judges it if it reaches `out`."""
+    torch, ours, kept = sys.modules["torch"], followed[0], True  # kept: where the mask is True, False: where not
+    if name in ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"):
+        value, mask, kept = (*args, None) if isinstance(args[0], ours) else (*args[::-1], None)  # None: where not 0
+    elif name in ("masked_fill", "masked_fill_", "__setitem__"):  # x[mask] = v fills x where mask is True
+        value, mask, kept = args[0], args[1], False
+    elif name == "where":
+        carries = [isinstance(a, ours) and a.requires_grad for a in args[1:]]
+        value, mask, kept = args[1 + carries.index(True)] if carries.count(True) == 1 else None, args[0], carries[0]
+    elif name in ("__getitem__", "masked_select"):
+        value, mask = args
+    elif name in ("cross_entropy", "nll_loss") and args[0].dim() > 1:  # its target's labels that are not ignored
+        value, mask = args[0], args[1].unsqueeze(1) != kwargs.get("ignore_index", -100)  # after the class dim
+        mask._derived = isinstance(args[1], ours) or getattr(args[1], "_derived", False)
+    else:
+        return
+    if not isinstance(value, ours) or not torch.is_tensor(mask) or isinstance(mask, ours) or mask.requires_grad:
+        return
+    if getattr(mask, "_derived", False) or (mask.dtype != torch.bool and kept is not None):
+        return  # the model's outputs written into it, or an index where only a boolean one masks
+    if name in ("__getitem__", "__setitem__"):  # a boolean index of the leading dims
+        mask = mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim()))
+    if torch.broadcast_shapes(mask.shape, value._index.shape) == value._index.shape:  # not one over the vocabulary
+        event = {"index": value._index, "mask": mask, "kept": kept, "reached": False}
+        call.setdefault("events", []).append(event)
+        out.register_hook(lambda grad: event.__setitem__("reached", True))
+
+
+def _judged(call: dict):
+    """A trained call's FIGURES as one device tensor: the positions its MTP loss counts against the 0/1 masks its loss
+    applied. The call agrees when the MTP loss counts the positions all of them keep; it is not judged where it counts
+    those of one mask only (another may be a selection), else it is measured against the closest: all, or one."""
+    torch, shape, mask, device = sys.modules["torch"], call["shape"], call["mask"], call["device"]
+    n, true, sequence = shape.numel(), torch.ones((), dtype=torch.bool, device=device), None
+    if mask is not None and mask.numel() != n:  # a layout this file does not read
+        return torch.tensor([0, 0, 0, 1, 0, 0, 0, 0], device=device)
+    counted = true.expand(shape) if mask is None else mask.reshape(shape) != 0
+    if call["cu"] is not None:  # packed rows (THD): each position's sequence
+        positions = torch.arange(shape[-1], device=device)
+        sequence = torch.bucketize(positions, call["cu"][1:].to(positions), right=True)
+    counted = counted.roll(-1, -1) if call["derived"] else counted
+
+    def targets(t):
+        """t where the MTP loss has a target: a label from its sequence's second (derived: to its last but one)."""
+        if sequence is None:
+            return t[..., 1:-1] if call["derived"] else t[..., 1:]
+        within = sequence[1:] == sequence[:-1]
+        return t[..., 1:] & (within & within.roll(-1, -1) if call["derived"] else within)
+
+    readings, applied, present, unplaced = [], true.expand(n), ~true, ~true
+    for event in (e for e in call.get("events", ()) if e["reached"]):
+        mask, index = event["mask"], event["index"]
+        kept = mask if event["kept"] else ~mask if event["kept"] is False else mask != 0
+        index, kept = (t.expand(index.shape).reshape(-1) for t in (index, kept))
+        zeros = torch.zeros(n + 1, dtype=torch.long, device=device)
+        here, keeps = (
+            zeros.index_add(0, torch.where((index >= 0) & m, index, n), torch.ones_like(index))[:n].bool()
+            for m in (true, kept)
+        )
+        binary = ((mask == 0) | (mask == 1)).all() if event["kept"] is None else true
+        unplaced = unplaced | ((index == MIXED) & ~kept).any() & binary
+        binary = binary & keeps.any()  # a mask: 0/1, keeping some position (not advantages that are all 0)
+        here, keeps = here & binary, keeps & binary
+        readings.append((keeps, (here & ~keeps).any()))  # what it keeps; whether it masks a position
+        present, applied = present | here, applied & (keeps | ~here)
+    found = present.any()
+    masks = targets(torch.stack([present & applied, *(r[0] for r in readings)]).view(-1, *shape))
+    over, under = (targets(counted) & ~masks).flatten(1).sum(1), (masks & ~targets(counted)).flatten(1).sum(1)
+    valid, miss = torch.stack([found, *(r[1] for r in readings)]), over + under
+    ambiguous = (miss[0] > 0) & (valid[1:] & (miss[1:] == 0)).any()  # one of the loss's masks, not all at once
+    best, judged = torch.where(valid, miss, n + 1).argmin(), found & ~unplaced & ~ambiguous
+    figures = [over[best] * judged, under[best] * judged, ~found, found & unplaced, found & ~unplaced & ambiguous]
+    shifted = ~true.expand(len(SHIFTS) - 1)
+    if "labels" in call and shape[-1] > 3:  # every shift scored on the same positions, each within one sequence
+        m = shape[-1] - 3
+        window = counted[..., :m] & (true if sequence is None else sequence[:m] == sequence[3:])
+        equal = call["labels"][..., None, :m] == call["inputs"].unfold(-1, m, 1)  # [..., k, i]: label i, input i + k
+        hits = (equal & window[..., None, :]).sum(-1).reshape(-1, 4).sum(0)[list(SHIFTS)]
         best = hits[1:].argmax()
         wins = (hits[1:][best] > hits[0]) & (hits[1:][best] >= NEARLY * window.sum())
-        shifted = torch.nn.functional.one_hot(best, len(SHIFTS) - 1).bool() & wins & sent
-    figures.update({f"shift {k}": shifted[i] for i, k in enumerate(SHIFTS[1:])})
-    figures["against"] = sent & (figures["no_mask"] | (figures["trains"] > 0) | (figures["skips"] > 0) | shifted.any())
-    return figures
+        shifted = torch.nn.functional.one_hot(best, len(SHIFTS) - 1).bool() & wins
+    return torch.cat([torch.stack(figures).long(), shifted.long()])
 
 
 def _trained(call: dict, where: str | None, gradient) -> None:
     """A backward reached the call's MTP loss: it trains, so it is judged (once, whatever the backwards)."""
     if "shape" in call:
-        figures = _judged(call, call.get("gradient", gradient))
-        torch = sys.modules["torch"]
-        values = torch.stack([figures[key].long() for key in JUDGED]).to("cpu", non_blocking=True)
-        event = torch.cuda.Event() if gradient.is_cuda else None
-        if event:
+        values = _judged(call).to("cpu", non_blocking=True)
+        if event := sys.modules["torch"].cuda.Event() if gradient.is_cuda else None:
             event.record()
-        pending.append((values, event, call["no_labels"]))
+        pending.append((values, event, call["no_labels"], call["mask"] is None))
         call.clear()
-        strict = bool(CONFIG.get("strict"))
-        if _settle(block=strict or not seen["trained"]):  # the first trained call's verdict, synchronised once
+        if _settle(block=CONFIG.get("strict") or not seen["trained"]):  # the first trained call's, synchronised once
             _report()
-        if strict and seen["against"]:
+        if CONFIG.get("strict") and seen["against"]:
             seen["where"] = where
             for stream in (sys.stdout, sys.stderr):  # os._exit flushes nothing
                 with contextlib.suppress(Exception):
@@ -152,15 +261,15 @@ def _trained(call: dict, where: str | None, gradient) -> None:
 
 
 def _settle(block: bool = False) -> bool:
-    """Count the judged calls whose figures have left their device (all of them when block).
-
-    Returns:
-        Whether the process's verdict changed: a first trained call, or a first finding of a kind.
-    """
+    """Count the judged calls whose figures have left their device (all of them when block); whether the process's
+    verdict changed (a first trained call, or a first finding of a kind)."""
     before = tuple(bool(seen[key]) for key in ("trained", *JUDGED))
     while pending and (block or pending[0][1] is None or pending[0][1].query()):
-        values, _, no_labels = pending.pop(0)
-        seen.update(dict(zip(JUDGED, values.tolist())), trained=1, no_labels=int(no_labels))
+        values, _, no_labels, no_mask = pending.pop(0)
+        figures = dict(zip(FIGURES, values.tolist()))
+        against = any(figures[key] for key in FIGURES if key not in UNJUDGED)
+        figures.update(against=int(against), no_mask=int(against and no_mask), no_labels=int(no_labels))
+        seen.update(figures, trained=1)
     return before != tuple(bool(seen[key]) for key in ("trained", *JUDGED))
 
 
@@ -218,9 +327,8 @@ def _importing(*args, **kwargs):
         sys.modules[GPT].GPTModel._postprocess = _wrap(post)
         found.append(post)
     language = getattr(sys.modules.get(LANGUAGE), "LanguageModule", None)
-    if found and language is not None:  # GPTModel's and HybridModel's LM loss, where they compute it
-        if hasattr(language, "compute_language_model_loss"):
-            language.compute_language_model_loss = _keeping_the_gradient(language.compute_language_model_loss)
+    if found and language is not None:  # GPTModel and HybridModel: what they return to the job is followed
+        language.__call__ = _returning_followed(language.__call__)
         builtins.__import__ = _import
     return module
 
@@ -232,18 +340,12 @@ def _reported_then_default(signum, frame):
     os.kill(os.getpid(), signum)
 
 
-def _forked():
-    seen.clear()  # a child counts its own calls
-    pending.clear()
-    awaiting.clear()
-
-
 if __name__ == "sitecustomize":
     builtins.__import__ = _importing
     atexit.register(_report, final=True)
     # multiprocessing's children and forked ranks skip atexit
     os._exit = lambda code: (_report(final=True), _exit(code))
-    os.register_at_fork(after_in_child=_forked)
+    os.register_at_fork(after_in_child=lambda: (seen.clear(), pending.clear()))  # a child counts its own calls
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is signal.SIG_DFL:  # a handler the job installs later replaces this one
             signal.signal(sig, _reported_then_default)

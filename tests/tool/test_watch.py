@@ -78,9 +78,9 @@ def test_bad_input_is_one_error_line_and_exit_2(cli, refused, env, tmp_path, nam
 
 
 NO_CALL = {  # the job, the stand-in core (or none), exit code, how the one line ends
-    "a command that fails": ("raise SystemExit(3)", None, Exit.JOB_FAILED, f"; {PY} ended with exit code 3"),
-    "a command that exits 7": ("raise SystemExit(7)", None, Exit.JOB_FAILED, f"; {PY} ended with exit code 7"),
-    "a command killed": ("import os; os.kill(os.getpid(), 9)", None, 128 + 9, f"; {PY} was killed by SIGKILL"),
+    "a command that fails": ("raise SystemExit(3)", None, Exit.JOB_FAILED, f"before {PY} ended with exit code 3\n"),
+    "a command that exits 7": ("raise SystemExit(7)", None, Exit.JOB_FAILED, f"before {PY} ended with exit code 7\n"),
+    "a command killed": ("import os; os.kill(os.getpid(), 9)", None, 128 + 9, f"before {PY} was killed by SIGKILL\n"),
     "no megatron-core": ("pass", None, Exit.FAILED, NOT_FOUND),
     "a core whose MTP loss moved": (IMPORT_GPT, MOVED, Exit.FAILED, NOT_FOUND),
     "a core without MTP": (IMPORT_GPT, WITHOUT_MTP, Exit.FAILED, NOT_FOUND),
@@ -91,13 +91,14 @@ NO_CALL = {  # the job, the stand-in core (or none), exit code, how the one line
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NO_CALL)
 def test_a_job_without_an_mtp_loss_call_is_one_line_never_exit_0(cli, env, tmp_path, name):
-    """No code of the table but its own: a command's 3 or 7 is not `check`'s 3 nor a finding's 7."""
+    """No code of the table but its own: a command's 3 or 7 is not `check`'s 3 nor a finding's 7; a command that
+    ended before any MTP loss call gets only that said."""
     job, files, code, words = NO_CALL[name]
     if files is not None:
         env = dict(env, **core(tmp_path / "core", files))
     result = cli("watch", "--", PY, "-c", job, env=env)
     assert (result.returncode, result.stderr) == (code, ""), result
-    assert result.stdout.startswith(f"mtp-mask-fix watch: {PY}: no MTP loss call: "), result.stdout
+    assert result.stdout.startswith(f"mtp-mask-fix watch: {PY}: no MTP loss call"), result.stdout
     assert words in result.stdout, result.stdout
     assert list((tmp_path / "tmp").iterdir()) == []
 
@@ -183,14 +184,15 @@ def report(rank: str | None, pid: int, **counts: int) -> dict:
 
 
 TRAINED = dict(calls=4, trained=4)
+NOTHING_JUDGED = "; no call judged"
 
 
 def test_data_parallel_ranks_that_differ_only_in_their_data_print_the_job_line_alone():
     """How many positions each rank's MTP loss trains against its loss, or leaves unjudged, is its data's."""
-    reports = [report(str(rank), 10 + rank, **TRAINED, against=4, trains=40 + rank, unread=rank) for rank in range(4)]
+    reports = [report(str(rank), 10 + rank, **TRAINED, against=4, counts=40 + rank) for rank in range(4)]
     text, code = verdict("job", 0, reports)
     assert (code, text.count("\n")) == (Exit.UNMASKED, 0), text
-    assert "(run in 4 rank(s)): 16 trained against the contract: the MTP loss trains 166 positions" in text
+    assert "(run in 4 rank(s)): 16 trained against the contract: the MTP loss counts 166 positions" in text
 
 
 def test_a_rank_unlike_the_others_gets_its_line():
@@ -208,28 +210,38 @@ def test_every_rank_counts_and_a_ranks_forks_count_as_the_rank():
     text, code = verdict("job", 0, reports)
     assert (code, text.count("\n")) == (Exit.OK, 0), text
     assert (
-        "MTP loss calls trained 4, evaluated 0, not reached by a backward 0:" in text and "(run in 2 rank(s))" in text
+        "MTP loss calls trained 4 (0 without labels), evaluated 0, not reached by a backward 0" in text
+        and "(run in 2 rank(s))" in text
     )
 
 
 def test_training_evaluation_and_forwards_awaiting_their_backward_are_counted_apart():
     text, _ = verdict("job", 0, [report("0", 10, calls=7, trained=4, evaluated=2)])
-    assert "MTP loss calls trained 4, evaluated 2, not reached by a backward 1:" in text
+    assert "MTP loss calls trained 4 (0 without labels), evaluated 2, not reached by a backward 1" in text
 
 
 @pytest.mark.parametrize("code", [0, 3, -9])
 def test_a_verdict_stands_however_the_job_ended(code):
     """The job killed by SIGKILL (-9) after its first trained call: its report of that call decides."""
-    text, exit_code = verdict("job", code, [report("0", 10, **TRAINED, against=1, skips=2)])
-    assert exit_code == Exit.UNMASKED and "the MTP loss skips 2 positions the loss trains" in text, text
+    text, exit_code = verdict("job", code, [report("0", 10, **TRAINED, against=1, leaves=2)])
+    assert exit_code == Exit.UNMASKED and "the MTP loss leaves out 2 positions the loss's mask counts" in text, text
 
 
 @pytest.mark.parametrize(
-    "counts", [dict(calls=2, evaluated=2), dict(calls=1), dict(calls=2, trained=2, no_gradient=2)], ids=str
+    "counts",
+    [
+        dict(calls=2, evaluated=2),
+        dict(calls=1),
+        dict(calls=2, trained=2, maskless=2),
+        dict(calls=1, trained=1, unplaced=1),
+    ],
+    ids=str,
 )
 def test_nothing_judged_is_exit_5_unless_the_job_failed(counts):
     text, code = verdict("job", 0, [report("0", 10, **counts)])
-    assert code == Exit.FAILED and text.endswith("; no call judged: none was trained with a gradient"), text
+    assert code == Exit.FAILED and text.endswith(
+        NOTHING_JUDGED + ": none was trained" * (not counts.get("trained"))
+    ), text
     assert verdict("job", -9, [report("0", 10, **counts)])[1] == 128 + 9
     assert verdict("job", 5, [report("0", 10, **counts)])[1] == Exit.JOB_FAILED
 
@@ -269,6 +281,11 @@ def test_a_job_stopped_through_watch_after_masked_steps_prints_its_counts_and_ex
     out, err = watch.communicate(timeout=600)
     assert (watch.returncode, err) == (128 + signal.SIGTERM, "")
     assert out.startswith("mtp-mask-fix watch: ") and out.count("\n") == 1, out
-    counts = "MTP loss calls trained 2, evaluated 0, not reached by a backward 0: 0 whose loss sent no gradient"
+    counts = "MTP loss calls trained 2 (0 without labels), evaluated 0, not reached by a backward 0"
     assert counts in out and out.endswith("; stopped by SIGTERM\n"), out
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_steps_says_how_many_calls_of_each_process_were_counted():
+    text, code = verdict("job", 0, [report("0", 10, **TRAINED)], steps=4)
+    assert code == Exit.OK and "(run in 1 rank(s); each process's first 4 calls counted, --steps): no finding" in text

@@ -21,6 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from megatron.core.models.common.language_module.language_module import LanguageModule  # noqa: E402
+
 from tinymodel import cpu_runtime, gpt  # noqa: E402
 
 
@@ -115,25 +117,135 @@ def bridge_loss(loss_mask: torch.Tensor, output_tensor: torch.Tensor) -> torch.T
     return loss / tokens
 
 
-def grpo_loss(batch: dict, logits: torch.Tensor, clip: float = 0.2) -> torch.Tensor:
-    """A GRPO-style clipped policy loss on the response tokens (the old policy's log-probabilities off by 0.5 on
-    every other token, so that clipping zeroes their gradient)."""
-    tokens, mask = batch["tokens"], batch["mask"][:, 1:]  # logits at t score token t + 1
-    logp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, tokens[:, 1:, None])[..., 0]
-    old = logp.detach() - 0.5 * (torch.arange(logp.shape[1]) % 2)
-    ratio, advantages = torch.exp(logp - old), batch["advantages"]
+def logprobs(batch: dict, logits: torch.Tensor) -> torch.Tensor:
+    """Each next token's log-probability, as RL frameworks score a rollout: logits at t score token t + 1."""
+    return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["tokens"][:, 1:, None])[..., 0]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl's and NeMo-RL's masked mean: over the positions the mask keeps."""
+    return (values * mask).sum() / mask.sum()
+
+
+def policy_loss(batch: dict, logits: torch.Tensor, clip: float = 0.2, drift=0.5, band=None) -> torch.Tensor:
+    """A PPO/GRPO clipped policy loss on the response tokens, its mean token-level as DAPO takes it. The old policy's
+    log-probabilities are off by `drift` (a number, or one per token), so clipping zeroes those tokens' gradient; with
+    `band`, tokens whose probability ratio leaves it are dropped (masked importance sampling)."""
+    logp = logprobs(batch, logits)
+    ratio, advantages = torch.exp(logp - (logp.detach() - drift)), batch["advantages"]
     surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
-    return -(surrogate * mask).sum() / mask.sum()
+    if band is not None:
+        surrogate = surrogate * ((ratio > band[0]) & (ratio < band[1]))
+    return -masked_mean(surrogate, batch["mask"][:, 1:])
+
+
+def grpo_loss(batch: dict, logits: torch.Tensor) -> torch.Tensor:
+    """A GRPO-style loss whose old policy is off by 0.5 on every other token, so that clipping zeroes their
+    gradient."""
+    return policy_loss(batch, logits, drift=0.5 * (torch.arange(logits.shape[1] - 1) % 2))
+
+
+def one_unclipped_per_row(batch: dict, logits: torch.Tensor) -> torch.Tensor:
+    """PPO with every response token clipped but one per row: each row's loss trains a single token."""
+    drift = torch.full(batch["mask"][:, 1:].shape, 0.5)
+    for row, first in enumerate(batch["mask"][:, 1:].argmax(1)):
+        drift[row, first] = 0.0
+    return policy_loss(batch, logits, drift=drift)
+
+
+def excess_loss_selected(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """Rho-1: of the masked tokens, those whose loss exceeds a reference model's most (the top half) are trained."""
+    excess = (losses - batch["reference"]).masked_fill(batch["mask"] == 0, float("-inf")).detach()
+    keep = excess >= excess.quantile(0.5, dim=-1, keepdim=True)
+    return masked_mean(losses * keep, batch["mask"])
+
+
+def top_dropped(batch: dict, losses: torch.Tensor, share: float = 0.1) -> torch.Tensor:
+    """Each row's `share` of highest losses dropped (loss truncation per row), masked as Megatron-LM masks."""
+    keep = losses < losses.detach().quantile(1 - share, dim=-1, keepdim=True)
+    return megatron_lm_loss(batch["mask"], losses * keep)
+
+
+def weighted(batch: dict, losses: torch.Tensor, weights: str) -> torch.Tensor:
+    """A masked loss with each row's or each token's weight (never 0) from the batch."""
+    return masked_mean(losses * batch[weights], batch["mask"])
+
+
+def with_weights(batch: dict) -> dict:
+    """The batch with a weight per row and per token, and a reference model's loss per token."""
+    gen = torch.Generator().manual_seed(2)
+    rows, width = batch["mask"].shape
+    weights = {"row_weights": torch.rand(rows, 1, generator=gen) + 0.5}
+    weights["token_weights"] = torch.rand(rows, width, generator=gen) + 0.5
+    return dict(batch, **weights, reference=torch.rand(rows, width, generator=gen) * 4)
+
+
+FORMS = {  # how a loss applies its batch's mask to the per-token loss, as frameworks write it
+    "multiplied": lambda losses, mask: masked_mean(losses, mask),
+    "masked_fill": lambda losses, mask: losses.masked_fill(mask == 0, 0.0).sum() / mask.sum(),
+    "where": lambda losses, mask: torch.where(mask.bool(), losses, 0.0).sum() / mask.sum(),
+    "a boolean index": lambda losses, mask: losses[mask.bool()].mean(),
+    "masked_select": lambda losses, mask: losses.masked_select(mask.bool()).mean(),
+    "in place": lambda losses, mask: losses.clone().mul_(mask).sum() / mask.sum(),
+    "zeroed by assignment": lambda losses, mask: _zeroed(losses, mask).sum() / mask.sum(),
+}
+
+
+def _zeroed(losses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    losses = losses.clone()
+    losses[mask == 0] = 0.0
+    return losses
+
+
+def cross_entropy_ignoring(batch: dict, logits: torch.Tensor) -> torch.Tensor:
+    """A loss on the logits of a call without labels, as Hugging Face-style trainers take it: cross-entropy of each
+    next token, the masked ones given the ignore index (-100)."""
+    targets = batch["tokens"][:, 1:].masked_fill(batch["mask"][:, 1:] == 0, -100)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def banded(batch: dict) -> dict:
+    """The rollout batch with a 0/1 band of its own: tokens whose old/rollout probability ratio (both in the batch,
+    from earlier forwards) stays in [0.8, 1.25], as masked importance sampling drops the rest."""
+    gen = torch.Generator().manual_seed(3)
+    drift = (torch.rand(batch["mask"][:, 1:].shape, generator=gen) - 0.5) * 0.8
+    return dict(batch, band=((drift.exp() > 0.8) & (drift.exp() < 1.25)).float())
+
+
+def verl_labels(batch: dict) -> dict:
+    """The rollout batch as verl's Megatron actor hands it to the model, with labels: its mask label-aligned (the
+    response's labels), and its label mask: the attention mask over the labels, one label past each response's end."""
+    tokens, mask = batch["tokens"], batch["mask"][:, 1:].bool()
+    labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], PAD)], 1)
+    mask = torch.cat([mask, torch.zeros_like(mask[:, :1])], 1)
+    label_mask = mask | torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], 1)
+    return dict(batch, labels=labels, mask=mask.float(), label_mask=label_mask)
+
+
+def label_masked(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """verl's policy loss on the model's per-token loss: log-probabilities zeroed outside the label mask, then the
+    loss masked by the response's mask."""
+    logp = (-losses).masked_fill(~batch["label_mask"], 0.0)
+    return -masked_mean(logp * batch["advantages"], batch["mask"])
+
+
+def row_masked_after_reduction(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """Each row's masked mean, then a row mask (the last row dropped) applied to the per-row losses."""
+    mask = batch["mask"]
+    rows = (losses * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    keep = torch.ones(len(rows))
+    keep[-1] = 0.0
+    return (rows * keep).sum() / keep.sum()
 
 
 def truncated(losses: torch.Tensor, kept: float) -> torch.Tensor:
     """Loss truncation: each per-token loss above the batch's `kept` quantile held there, so it sends no gradient."""
-    return losses.clamp(max=losses.detach().quantile(kept)).mean()
+    return losses.clamp(max=losses.detach().quantile(kept))
 
 
 def floored(losses: torch.Tensor, below: float) -> torch.Tensor:
     """Tokens already learned skipped: each per-token loss under the batch's `below` quantile held there."""
-    return losses.clamp(min=losses.detach().quantile(below)).mean()
+    return losses.clamp(min=losses.detach().quantile(below))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,8 +280,10 @@ def label_aligned(batch: dict) -> torch.Tensor:
 
 ONES = lambda batch: torch.ones_like(batch["mask"])  # noqa: E731
 BRIDGE = lambda batch, out: bridge_loss(batch["mask"], out)  # noqa: E731
+GROUPS = ((10, 3), (17, 5), (6, 2), (9, 4))  # two GRPO groups of two rollouts
 RIGHT = {
     "pretraining": Loop(lambda: pretraining(_text(3, 25))),
+    "pretraining, no loss_mask handed": Loop(lambda: pretraining(_text(3, 25)), mtp_mask=lambda batch: None),
     "text ending in runs": Loop(ending_in_runs),
     "one row ending in a run": Loop(lambda: ending_in_runs(every=False)),
     "a run of exactly 8": Loop(lambda: ending_in_runs(run=8)),
@@ -181,30 +295,76 @@ RIGHT = {
     "left-padded sft": Loop(lambda: sft(left=True)),
     "packed rows, pad tail masked": Loop(packed),
     "2 MTP layers": Loop(sft, layers=2),
+    "a zero loss scale": Loop(sft, scale=0.0),
     "rl": Loop(rl, loss=grpo_loss),
-    "the highest losses dropped": Loop(lambda: pretraining(_text(3, 25)), loss=lambda batch, out: truncated(out, 0.5)),
-    "the lowest losses dropped": Loop(lambda: pretraining(_text(3, 25)), loss=lambda batch, out: floored(out, 0.25)),
-}
-UNJUDGED = {  # calls whose loss sends no gradient, or that no backward reaches: each would be wrong if it were judged
-    "rl, every advantage zero": Loop(
-        lambda: rl(advantages=(0.0, 0.0, 0.0)), mtp_mask=lambda batch: None, loss=grpo_loss
+    "ppo, most tokens clipped": Loop(rl, loss=policy_loss),
+    "ppo, one unclipped token a row": Loop(rl, loss=one_unclipped_per_row),
+    "masked importance sampling": Loop(rl, loss=lambda batch, out: policy_loss(batch, out, band=(0.8, 1.25))),
+    "verl's label mask, the response's handed to the model": Loop(
+        lambda: verl_labels(rl(left=False)), loss=label_masked
     ),
-    "a zero loss scale": Loop(sft, mtp_mask=lambda batch: None, scale=0.0),
+    "grpo, every advantage zero": Loop(lambda: rl(advantages=(0.0, 0.0, 0.0)), loss=grpo_loss),
+    "grpo, a group of zero advantages": Loop(lambda: rl(GROUPS, advantages=(0.7, -0.7, 0.0, 0.0)), loss=grpo_loss),
+    "excess loss over a reference (Rho-1)": Loop(lambda: with_weights(sft()), loss=excess_loss_selected),
+    "each row's top 10 % losses dropped": Loop(lambda: sft(loss="text"), loss=top_dropped),
+    "the highest losses dropped": Loop(
+        lambda: pretraining(_text(3, 25)), loss=lambda batch, out: megatron_lm_loss(batch["mask"], truncated(out, 0.5))
+    ),
+    "the lowest losses dropped": Loop(
+        lambda: pretraining(_text(3, 25)), loss=lambda batch, out: megatron_lm_loss(batch["mask"], floored(out, 0.25))
+    ),
+    **{f"the mask {form}": Loop(sft, loss=lambda b, out, f=f: f(out, b["mask"])) for form, f in FORMS.items()},
+    "one row of mask for every row": Loop(
+        lambda: sft(((10, 3), (10, 3))), loss=lambda b, out: masked_mean(out, b["mask"][0])
+    ),
+    "rl, cross-entropy with an ignore index": Loop(rl, loss=cross_entropy_ignoring),
+    "rl, masked importance sampling from the batch": Loop(
+        lambda: banded(rl()), loss=lambda b, out: policy_loss(dict(b, advantages=b["advantages"] * b["band"]), out)
+    ),
+    "per-row loss weights": Loop(lambda: with_weights(sft()), loss=lambda b, out: weighted(b, out, "row_weights")),
+    "per-token loss weights": Loop(lambda: with_weights(sft()), loss=lambda b, out: weighted(b, out, "token_weights")),
+}
+UNJUDGED = {  # calls no backward reaches, or whose loss applies no 0/1 mask: nothing to compare with
     "eval with grad": Loop(sft, mtp_mask=lambda batch: None, train=False, backward=False),
+    "a loss without a mask": Loop(lambda: pretraining(_text(3, 25)), loss=lambda batch, out: out.mean()),
+    "a loss without a mask, no loss_mask handed": Loop(
+        lambda: pretraining(_text(3, 25)), mtp_mask=lambda batch: None, loss=lambda batch, out: out.mean()
+    ),
+    "a row mask after a reduction": Loop(sft, loss=row_masked_after_reduction),
+    "reinforce, rewards of 0 and 1 as advantages": Loop(lambda: rl(advantages=(1.0, 0.0, 1.0)), loss=grpo_loss),
+    "verl's label mask, one past the response, handed to the model": Loop(
+        lambda: verl_labels(rl(left=False)), mtp_mask=lambda batch: batch["label_mask"], loss=label_masked
+    ),
 }
 WRONG = {
     "no mask": Loop(sft, mtp_mask=lambda batch: None),
     "eval-mode training": Loop(sft, mtp_mask=lambda batch: None, train=False),
+    "a zero loss scale, no mask": Loop(sft, mtp_mask=lambda batch: None, scale=0.0),
     "ones over the prompt": Loop(lambda: sft(((10, 3), (10, 3))), mtp_mask=ONES),
     "ones over padding": Loop(lambda: sft(loss="text"), mtp_mask=ONES),
     "ones over padding, pad not EOS": Loop(lambda: sft(pad=PAD, loss="text"), mtp_mask=ONES),
     "ones over left padding": Loop(lambda: sft(left=True, loss="text"), mtp_mask=ONES),
+    "ones beside per-token loss weights": Loop(
+        lambda: with_weights(sft(loss="text")), mtp_mask=ONES, loss=lambda b, out: weighted(b, out, "token_weights")
+    ),
     "input-aligned mask": Loop(sft, mtp_mask=input_aligned),
     "mask shifted twice": Loop(sft, mtp_mask=lambda batch: label_aligned(batch)),
     "labels shifted by 0": Loop(lambda: shifted(sft(), 0)),
     "double-shifted labels": Loop(lambda: shifted(sft(), 2)),
     "rl, no mask": Loop(rl, mtp_mask=lambda batch: None, loss=grpo_loss),
+    "rl, every advantage zero, no mask": Loop(
+        lambda: rl(advantages=(0.0, 0.0, 0.0)), mtp_mask=lambda batch: None, loss=grpo_loss
+    ),
+    "rl, ones over the prompt and padding": Loop(rl, mtp_mask=ONES, loss=policy_loss),
+    "rl, cross-entropy with an ignore index, ones": Loop(rl, mtp_mask=ONES, loss=cross_entropy_ignoring),
+    **{
+        f"the mask {form}, ones over padding": Loop(
+            lambda: sft(loss="text"), mtp_mask=ONES, loss=lambda b, out, f=f: f(out, b["mask"])
+        )
+        for form, f in FORMS.items()
+    },
     "rl, label-aligned mask": Loop(rl, mtp_mask=label_aligned, loss=grpo_loss),
+    "verl's label mask, ones": Loop(lambda: verl_labels(rl(left=False)), mtp_mask=ONES, loss=label_masked),
 }
 LOOPS = {**RIGHT, **UNJUDGED, **WRONG}
 
@@ -258,9 +418,9 @@ def run_packed(model, tail: int = 5, mtp_mask=None) -> torch.Tensor:
     params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu)
     width = tokens.shape[1]
     hidden = torch.randn((1 + model.config.mtp_num_layers) * width, 1, gpt.HIDDEN, requires_grad=True)
-    model.train()
-    with cpu_runtime.CudaAsCpu():
-        out = process_mtp_loss(
+
+    def postprocess() -> torch.Tensor:
+        hidden_states = process_mtp_loss(
             hidden_states=hidden,
             labels=labels,
             loss_mask=mask if mtp_mask is None else mtp_mask,
@@ -273,10 +433,21 @@ def run_packed(model, tail: int = 5, mtp_mask=None) -> torch.Tensor:
             packed_seq_params=params,
             input_ids=tokens,
         )
-        logits, _ = model.output_layer(out)
-        loss = megatron_lm_loss(mask, model.compute_language_model_loss(labels, logits))
+        return model.compute_language_model_loss(labels, model.output_layer(hidden_states)[0])
+
+    model.train()
+    with cpu_runtime.CudaAsCpu():
+        losses = _Returning(model.config)(postprocess)  # what GPTModel returns: its forward's one call
+    loss = megatron_lm_loss(mask, losses)
     loss.backward()
     return loss
+
+
+class _Returning(LanguageModule):
+    """A LanguageModule whose forward returns what the function it is called with returns."""
+
+    def forward(self, function):
+        return function()
 
 
 def main() -> None:

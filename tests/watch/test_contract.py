@@ -1,11 +1,15 @@
 """What `mtp-mask-fix watch` says of each training loop of tests/watch/loops.py, judged here in this process: core's
 real MTP loss on the tiny model, wrapped as watch's sitecustomize wraps it, and the verdict watch prints from the
-process's report. Each right loop exits 0 with no finding; each wrong one exits 7 with the number of positions its MTP
-loss trains that its loss masks, or skips that its loss trains. Those numbers come from the batches and from the
-gradient autograd gives the loop's own loss here, never from watch's code."""
+process's report. Each right loop exits 0 with no finding, whatever its loss selects by value (clipping, ratio bands,
+excess-loss selection, truncation, zero advantages, weights); each wrong one exits 7 at its first call, whatever the
+model has learned, with the number of positions its MTP loss counts that its loss's mask leaves out, or leaves out
+that the mask counts. Those numbers come from the batches (the mask each loop's loss applies), never from watch's
+code."""
 
+import copy
 import json
 import os
+import pickle
 from pathlib import Path
 
 import pytest
@@ -18,8 +22,15 @@ from tests.watch import loops
 from tinymodel import cpu_runtime
 
 
+ONE_OF_THEM = "whose MTP loss counts what one of the loss's masks keeps, not what all of them keep"
+UNJUDGED = {  # a loop that is not judged: why (None: the loss applies no 0/1 mask)
+    None: "with no 0/1 mask found in the loss",
+    "a row mask after a reduction": "whose loss masks after a reduction",
+    "reinforce, rewards of 0 and 1 as advantages": ONE_OF_THEM,
+    "verl's label mask, one past the response, handed to the model": ONE_OF_THEM,
+}
 SHIFTED = {"labels shifted by 0": 0, "double-shifted labels": 2}  # loop: by how much its labels are shifted
-COUNTS = "MTP loss calls trained {}, evaluated {}, not reached by a backward {}: {} whose loss sent no gradient"
+COUNTS = "MTP loss calls trained {} ({} without labels), evaluated {}, not reached by a backward {}"
 
 
 def reported(folder: Path) -> dict:
@@ -49,15 +60,13 @@ def wrap(monkeypatch, tmp_path):
     import megatron.core.transformer.multi_token_prediction as mtp
     from megatron.core.models.common.language_module.language_module import LanguageModule
 
-    original, language_loss = mtp.process_mtp_loss, LanguageModule.compute_language_model_loss
+    original, call_model = mtp.process_mtp_loss, LanguageModule.__call__
 
     def wrapped(**config) -> None:
         function = watched._wrap(original)
         monkeypatch.setattr(gpt_model, "process_mtp_loss", function)  # bound by name, as core's importers bind it
         monkeypatch.setattr(mtp, "process_mtp_loss", function)
-        monkeypatch.setattr(
-            LanguageModule, "compute_language_model_loss", watched._keeping_the_gradient(language_loss)
-        )
+        monkeypatch.setattr(LanguageModule, "__call__", watched._returning_followed(call_model), raising=False)
         monkeypatch.delenv("RANK", raising=False)
         monkeypatch.setattr(watched, "HERE", str(tmp_path))  # watch's folder
         monkeypatch.setattr(watched, "found", [function])
@@ -65,7 +74,6 @@ def wrap(monkeypatch, tmp_path):
         monkeypatch.setattr(watched, "_due", [float("inf")])  # no report but those this test asks for or expects
         watched.seen.clear()
         watched.pending.clear()
-        watched.awaiting.clear()
 
     yield wrapped
     watched.seen.clear()
@@ -84,84 +92,111 @@ def judged(models, wrap, tmp_path):
     return run
 
 
-def trained_positions(model, loop: loops.Loop, batch: dict) -> torch.Tensor:
-    """Where the loop's own loss sends the model's output a gradient, per position: autograd, unwatched."""
-    tokens = batch["tokens"]
-    position_ids = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
-    attention_mask = torch.ones(1, 1, tokens.shape[1], tokens.shape[1], dtype=torch.bool).triu(diagonal=1)
-    model.train()
-    with cpu_runtime.CudaAsCpu():
-        out = model(tokens, position_ids, attention_mask, labels=batch["labels"], loss_mask=loop.mtp_mask(batch))
-    (gradient,) = torch.autograd.grad(loop.loss(batch, out), out)
-    return (gradient if gradient.dim() == 2 else gradient.abs().amax(-1)) != 0
-
-
-def mismatch(model, name: str) -> tuple[int, int]:
-    """(positions the MTP loss counts and the loss masks, positions the loss trains and the MTP loss skips) of a loop:
-    its MTP targets are the labels from the second on; without labels core derives them from the inputs and rolls the
-    mask with them (so the last position is none), and only skipped positions are judged."""
+def expected(name: str) -> tuple[int, int]:
+    """(positions the MTP loss counts and the loss's mask leaves out, positions the mask counts and the MTP loss leaves
+    out) of a loop, from its batch: its loss applies the batch's mask, label-aligned (each label from the second is an
+    MTP target), and its label mask if it has one, the closer of them taken; without labels the loss scores token
+    t + 1 at t and core rolls the mask it is handed by one, so the targets are from the second to the last but one."""
     loop = loops.LOOPS[name]
     batch = loop.batch()
-    trained = trained_positions(model, loop, batch)
-    mask = loop.mtp_mask(batch)
-    counted = torch.ones_like(trained) if mask is None else mask != 0
+    handed = loop.mtp_mask(batch)
+    counted = torch.ones_like(batch["mask"], dtype=torch.bool) if handed is None else handed != 0
+    datas = [batch[key] != 0 for key in ("mask", "label_mask") if key in batch]
     if batch["labels"] is None:
-        counted = torch.cat([counted[:, 1:], torch.zeros_like(counted[:, :1])], 1)
-        trained, counted = trained[:, 1:-1], counted[:, 1:-1]
-        return 0, int((trained & ~counted).sum())
-    return int((counted & ~trained)[:, 1:].sum()), int((trained & ~counted)[:, 1:].sum())
+        datas, counted = (
+            [torch.cat([m[:, 1:], torch.zeros_like(m[:, :1])], 1)[:, :-1] for m in ms] for ms in (datas, [counted])
+        )
+        counted = counted[0]
+    return min(((int((counted & ~data)[:, 1:].sum()), int((data & ~counted)[:, 1:].sum())) for data in datas), key=sum)
+
+
+def findings(counts: int, leaves: int, no_mask: bool = False) -> str:
+    """watch's words for one call against its contract."""
+    said = ["1 without a loss_mask (core's MTP loss counts every position)"] * no_mask
+    said += [f"the MTP loss counts {counts} positions the loss's mask leaves out"] * bool(counts)
+    said += [f"the MTP loss leaves out {leaves} positions the loss's mask counts"] * bool(leaves)
+    return f": 1 trained against the contract: {'; '.join(said)}"
 
 
 @pytest.mark.parametrize("name", [*loops.RIGHT, "packed thd"])
 def test_a_right_loop_exits_0_with_no_finding(judged, name):
     text, code = judged(name)
     assert (code, text.count("\n")) == (Exit.OK, 0), text
-    assert COUNTS.format(1, 0, 0, 0) in text
-    assert "against the contract" not in text and "shift" not in text
+    assert COUNTS.format(1, int(name != "packed thd" and loops.LOOPS[name].batch()["labels"] is None), 0, 0) in text
+    assert text.endswith(": no finding"), text
 
 
 @pytest.mark.parametrize("name", loops.WRONG)
-def test_a_wrong_loop_exits_7_saying_which_positions(judged, models, name):
-    trains, skips = mismatch(models[1], name)
-    loop, text = loops.LOOPS[name], judged(name)
-    assert (text[1], text[0].count("\n")) == (Exit.UNMASKED, 0), text[0]
-    said = [f"the MTP loss trains {trains} positions the loss masks"] * bool(trains)
-    said += [f"the MTP loss skips {skips} positions the loss trains"] * bool(skips)
-    if loop.mtp_mask(loop.batch()) is None:
-        said.insert(0, "1 without a loss_mask (core's MTP loss then counts every position)")
+def test_a_wrong_loop_exits_7_at_its_first_call_saying_which_positions(judged, name):
+    loop, (text, code) = loops.LOOPS[name], judged(name)
+    assert (code, text.count("\n")) == (Exit.UNMASKED, 0), text
     if name in SHIFTED:
-        said = [f"1 with labels the inputs shifted by {SHIFTED[name]}, not 1"]
-    assert f": 1 trained against the contract: {'; '.join(said)}" in text[0]
+        assert f": 1 trained against the contract: 1 with labels the inputs shifted by {SHIFTED[name]}, not 1" in text
+    else:
+        assert findings(*expected(name), no_mask=loop.mtp_mask(loop.batch()) is None) in text, text
 
 
 @pytest.mark.parametrize("padding", [1, 2, 7, 8, 20])
 @pytest.mark.parametrize("pad", [loops.EOS, loops.PAD], ids=["EOS pads", "its own pad"])
 def test_an_all_ones_mask_over_any_padding_is_found(models, wrap, tmp_path, padding, pad):
-    """Right padding of 1 position and up: each padded label is a position the loss masks and the MTP loss trains."""
+    """Right padding of 1 position and up: each padded label is a position the loss's mask leaves out."""
     loop = loops.Loop(lambda: loops.sft(((24, 4), (24 - padding, 4)), pad=pad, loss="text"), mtp_mask=loops.ONES)
     wrap()
     loops.run(models[1], loop)
     text, code = verdict("loop", 0, [reported(tmp_path)])
-    assert code == Exit.UNMASKED and f"the MTP loss trains {padding} positions the loss masks" in text, text
+    assert code == Exit.UNMASKED and findings(padding, 0) in text, text
 
 
 @pytest.mark.parametrize("name", loops.UNJUDGED)
-def test_a_call_without_a_gradient_is_not_judged(judged, name):
+def test_a_call_no_backward_reaches_or_whose_loss_applies_no_mask_is_not_judged(judged, name):
     """Alone it leaves nothing judged (exit 5); after a right call it is counted as such, and the job exits 0."""
     alone, code = judged(name)
-    assert code == Exit.FAILED and alone.endswith("; no call judged: none was trained with a gradient"), alone
-    text, code = judged("sft", name)
+    assert code == Exit.FAILED and alone.endswith(
+        "; no call judged" + ": none was trained" * (name == "eval with grad")
+    ), alone
     reached = name != "eval with grad"
+    assert (f"; not judged: 1 call(s) {UNJUDGED.get(name, UNJUDGED[None])};" in alone) == reached, alone
+    text, code = judged("sft", name)
     assert (code, text.count("\n")) == (Exit.OK, 0), text
-    assert COUNTS.format(1 + reached, 0, int(not reached), int(reached)) in text, text
-    assert "against the contract" not in text
+    labelless = int(reached and loops.LOOPS[name].batch()["labels"] is None)
+    assert COUNTS.format(1 + reached, labelless, 0, int(not reached)) in text and ": no finding" in text, text
 
 
-def test_without_labels_a_zero_gradient_is_said_not_judged(judged):
-    """A GRPO-style loss zeroes the gradient of clipped tokens and of rows whose advantage is 0, inside the mask."""
-    text, code = judged("rl")
-    assert code == Exit.OK and "1 without labels" in text, text
-    assert " positions the MTP loss counts where a zero gradient need not be a mask (no labels, " in text
+def test_the_mtp_loss_trains_whatever_gradient_the_loss_sends(models):
+    """Why a call whose loss is scaled to 0 (a skipped micro-batch) is judged: core's MTP loss gets its gradient from
+    MTPLossAutoScaler's own scale, not from the loss's, so its layer trains all the same."""
+    loops.run(models[1], "a zero loss scale, no mask")
+    grads = [p.grad for name, p in models[1].named_parameters() if name.startswith("mtp.")]
+    assert grads and all(g is not None for g in grads) and any(bool(g.abs().sum()) for g in grads)
+
+
+def learned(model, batch: dict):
+    """A copy of the model trained on what the batch's mask leaves out (an earlier stage that learned the prompt and
+    the padding): their LM loss ends below every position the mask keeps, a case a verdict read off loss values would
+    not judge."""
+    learned = loops.gpt.build_model(1)
+    learned.load_state_dict(model.state_dict())
+    optimizer = torch.optim.Adam(learned.parameters(), lr=3e-3)
+    stage = loops.Loop(lambda: batch, loss=lambda b, out: loops.masked_mean(out, 1 - b["mask"]))
+    for _ in range(60):
+        loops.run(learned, stage)
+        optimizer.step()
+    return learned
+
+
+@pytest.mark.parametrize("name", ["ones over the prompt", "ones over padding", "no mask"])
+def test_a_wrong_loop_from_a_trained_checkpoint_exits_7_at_its_first_call(models, wrap, tmp_path, name):
+    loop = loops.LOOPS[name]
+    batch = loop.batch()
+    model = learned(models[1], batch)
+    with torch.no_grad():
+        losses = loops.run(model, loops.Loop(loop.batch, loss=lambda b, out: out.detach(), backward=False), batch)
+    masked, kept = (losses[:, 1:][(batch["mask"][:, 1:] != 0) == keep] for keep in (False, True))
+    assert masked.max() < kept.min()  # the masked positions' loss lies below every kept one's
+    wrap()
+    loops.run(model, name)
+    text, code = verdict("loop", 0, [reported(tmp_path)])
+    assert code == Exit.UNMASKED and findings(*expected(name), no_mask=name == "no mask") in text, text
 
 
 def test_strict_never_stops_a_right_loop(models, wrap, monkeypatch):
@@ -185,21 +220,39 @@ def test_strict_stops_at_the_first_wrong_call(models, wrap, monkeypatch):
     assert watched.seen["where"].endswith(" in run")  # loops.run calls the model
 
 
-def _step(model, name: str) -> tuple[float, dict[str, torch.Tensor]]:
-    loss = loops.run(model, name).item()
-    return loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+def _step(model, name: str) -> tuple[torch.Tensor, float, dict[str, torch.Tensor]]:
+    """One call of the loop: what the model returned to it, its loss and the gradients."""
+    returned, loop = [], loops.LOOPS[name]
+    keeping = loops.Loop(loop.batch, loop.mtp_mask, lambda b, out: loop.loss(b, returned.append(out) or out))
+    loss = loops.run(model, keeping).item()
+    return returned[0], loss, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("name", ["ones over padding", "double-shifted labels", "sft", "rl", "2 MTP layers"])
-def test_watching_changes_no_loss_and_no_gradient(models, wrap, tmp_path, name):
-    """Every check runs on these calls, and both of its backward hooks with them."""
+WATCHED = ["ones over padding", "double-shifted labels", "sft", "rl", "2 MTP layers", "ppo, one unclipped token a row"]
+
+
+@pytest.mark.parametrize("name", [*WATCHED, "per-token loss weights", "the mask a boolean index"])
+def test_watching_changes_no_loss_no_gradient_and_nothing_the_job_receives(models, wrap, tmp_path, name):
+    """Every check runs on these calls, and their backward hooks with them; the job gets a torch.Tensor of the same
+    values and shape, which pickles and copies as the plain tensor."""
     model = models[loops.LOOPS[name].layers]
     bare = _step(model, name)
     wrap()
     seen = _step(model, name)
     assert reported(tmp_path)["trained"] == 1
-    assert seen[0] == bare[0] and bare[1].keys() == seen[1].keys() and bare[1]
-    assert [name for name in bare[1] if not torch.equal(bare[1][name], seen[1][name])] == []
+    assert isinstance(seen[0], torch.Tensor) and seen[0].shape == bare[0].shape and torch.equal(seen[0], bare[0])
+    for copied in (pickle.loads(pickle.dumps(seen[0].detach())), copy.deepcopy(seen[0].detach())):
+        assert type(copied) is torch.Tensor and torch.equal(copied, bare[0])  # torch.save, a queue to a process
+    assert seen[1] == bare[1] and bare[2].keys() == seen[2].keys() and bare[2]
+    assert [name for name in bare[2] if not torch.equal(bare[2][name], seen[2][name])] == []
+
+
+def test_an_error_in_the_jobs_loss_is_the_jobs(models, wrap):
+    """An operation the job gets wrong fails as it would without watch, and watch's own bookkeeping never raises."""
+    wrap()
+    shapes = loops.Loop(loops.sft, loss=lambda batch, out: (out * batch["mask"][:, :-1]).sum())
+    with pytest.raises(RuntimeError, match="must match the size of tensor b"):
+        loops.run(models[1], shapes)
 
 
 def test_a_process_reports_its_first_trained_call_and_each_new_finding(models, wrap, tmp_path):

@@ -26,17 +26,16 @@ LOOPS = {  # loop: watch's exit code
 
 
 def said(name: str) -> str:
-    """What watch's line says of a loop whose loss is the masked mean of its batch's mask: from the batch alone."""
+    """What watch's line says of a loop whose loss applies its batch's mask: from the batch alone."""
     batch = loops.LOOPS[name].batch()
-    mask, trained = loops.LOOPS[name].mtp_mask(batch), batch["mask"][:, 1:] != 0
-    counted = torch.ones_like(trained) if mask is None else mask[:, 1:] != 0
-    trains, skips = int((counted & ~trained).sum()), int((trained & ~counted).sum())
-    words = ["1 without a loss_mask (core's MTP loss then counts every position)"] * (mask is None) + [
-        f"the MTP loss trains {trains} positions the loss masks"
-    ] * bool(trains)
-    words += [f"the MTP loss skips {skips} positions the loss trains"] * bool(skips)
+    mask, data = loops.LOOPS[name].mtp_mask(batch), batch["mask"][:, 1:] != 0
+    counted = torch.ones_like(data) if mask is None else mask[:, 1:] != 0
+    counts, leaves = int((counted & ~data).sum()), int((data & ~counted).sum())
+    words = ["1 without a loss_mask (core's MTP loss counts every position)"] * (mask is None)
+    words += [f"the MTP loss counts {counts} positions the loss's mask leaves out"] * bool(counts)
+    words += [f"the MTP loss leaves out {leaves} positions the loss's mask counts"] * bool(leaves)
     words += ["1 with labels the inputs shifted by 2, not 1"] * (name == "double-shifted labels")
-    return "; ".join(words) or "MTP loss calls trained 1, evaluated 0, not reached by a backward 0: 0 whose loss sent"
+    return "; ".join(words) or "MTP loss calls trained 1 (0 without labels), evaluated 0, not reached by a backward 0"
 
 
 @pytest.fixture(scope="module")

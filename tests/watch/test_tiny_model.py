@@ -60,8 +60,7 @@ JOBS = {  # name: (watch's options, the command: a worker run of its tree, or on
     "strict, stdout to a file": (("--strict",), [*LOOPS, "no mask"]),
 }
 COUNTS = re.compile(
-    r"MTP loss calls trained (\d+), evaluated (\d+), not reached by a backward (\d+): (\d+) whose loss sent no "
-    r"gradient \(not judged\), (\d+) without labels"
+    r"MTP loss calls trained (\d+) \((\d+) without labels\), evaluated (\d+), not reached by a backward (\d+)"
 )
 
 
@@ -94,8 +93,8 @@ def jobs(tmp_path_factory, request):
 
 @dataclass
 class Watched:
-    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (trained, evaluated, not reached by a backward,
-    without a gradient, without labels)}, the job's line, watch's folders left in TMPDIR, the job's folder."""
+    """A job, ended: watch's exit code, its lines as {"job" or "rank N": (trained, without labels, evaluated, not reached
+    by a backward)}, the job's line, watch's folders left in TMPDIR, the job's folder."""
 
     code: int
     report: dict[str, tuple]
@@ -133,12 +132,13 @@ def watched(jobs, request) -> Watched:
 
 
 def trains(*masks: torch.Tensor) -> str:
-    """What watch says of calls without a mask whose loss masks these masks' zeros: each label from the second on."""
-    return f"the MTP loss trains {sum(int((mask == 0)[:, 1:].sum()) for mask in masks)} positions the loss masks"
+    """What watch says of calls without a mask whose loss applies these masks: their zeros, each label from the
+    second on."""
+    return f"the MTP loss counts {sum(int((mask == 0)[:, 1:].sum()) for mask in masks)} positions the loss's mask leaves out"
 
 
 MASK = gpt.make_sft_batch()["loss_mask"]
-UNMASKED = "trained against the contract: {} without a loss_mask (core's MTP loss then counts every position); "
+UNMASKED = "trained against the contract: {} without a loss_mask (core's MTP loss counts every position); "
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def unwatched_step():
 
 @pytest.mark.parametrize("watched", ["view"], indirect=True)
 def test_bridge_patched_is_silent_and_the_step_bit_identical(watched, unwatched_step):
-    silent = (Exit.OK, {"job": (1, 0, 0, 0, 0)}, [])  # one call, trained with its mask: no line of a rank
+    silent = (Exit.OK, {"job": (1, 0, 0, 0)}, [])  # one call, trained with its mask: no line of a rank
     assert (watched.code, watched.report, watched.left) == silent, watched.log
     assert "against the contract" not in watched.head and "; not judged:" not in watched.head
     step = torch.load(watched.folder / OUT / "rank0.pt", weights_only=False)["step"]
@@ -173,21 +173,22 @@ def test_bridge_unpatched_on_pp2_reports_the_last_stages_calls(watched):
     """--steps 3: rank 1 (the last stage, MTP) counts 3 of its calls (the step's micro-batches, then the perturbed
     copy's first), each trained, and the job runs to its end; rank 0 runs none, which is no line of its own."""
     first, second = (batch["loss_mask"] for batch in pipeline.micro_batches())
-    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (3, 0, 0, 0, 0)}, []), watched.log
-    assert "(run in 2 rank(s)): 3 " + UNMASKED.format(3) + trains(first, second, first) in watched.head
+    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (3, 0, 0, 0)}, []), watched.log
+    assert "(run in 2 rank(s); each process's first 3 calls counted, --steps): 3 " + UNMASKED.format(3) in watched.head
+    assert trains(first, second, first) in watched.head
     assert sorted(p.name for p in (watched.folder / OUT).glob("rank*.pt")) == ["rank0.pt", "rank1.pt"]
 
 
 @pytest.mark.parametrize("watched", ["pp2 patched"], indirect=True)
 def test_bridge_patched_on_pp2_is_silent(watched):
     """Both steps' two micro-batches, each trained with its mask on the last stage."""
-    assert (watched.code, watched.report, watched.left) == (Exit.OK, {"job": (4, 0, 0, 0, 0)}, []), watched.log
+    assert (watched.code, watched.report, watched.left) == (Exit.OK, {"job": (4, 0, 0, 0)}, []), watched.log
     assert "(run in 2 rank(s))" in watched.head and "against the contract" not in watched.head
 
 
 @pytest.mark.parametrize("watched", ["strict"], indirect=True)
 def test_bridge_unpatched_strict_stops_at_the_forward_steps_call(watched):
-    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (1, 0, 0, 0, 0)}, []), watched.log
+    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (1, 0, 0, 0)}, []), watched.log
     assert "1 " + UNMASKED.format(1) + trains(MASK) in watched.head
     where = re.search(r"stopped \(--strict\) at (.+):(\d+) in (\w+)$", watched.head)
     assert where, watched.head
@@ -198,7 +199,7 @@ def test_bridge_unpatched_strict_stops_at_the_forward_steps_call(watched):
 
 @pytest.mark.parametrize("watched", ["strict, stdout to a file"], indirect=True)
 def test_strict_keeps_what_the_job_printed(watched):
-    assert (watched.code, watched.report["job"]) == (Exit.UNMASKED, (1, 0, 0, 0, 0)), watched.log
+    assert (watched.code, watched.report["job"]) == (Exit.UNMASKED, (1, 0, 0, 0)), watched.log
     job = (watched.folder / "stdout").read_text().splitlines()
     assert job[0] == "no mask: 1 step(s)"  # printed before the stop, buffered: a file is no terminal
     assert re.search(r"stopped \(--strict\) at .+loops\.py:\d+ in run$", watched.head), watched.head
@@ -206,7 +207,7 @@ def test_strict_keeps_what_the_job_printed(watched):
 
 @pytest.mark.parametrize("watched", ["torchrun"], indirect=True)
 def test_torchrun_ranks_megatron_lm_call_silent_label_less_call_reported(watched):
-    ranks = {"job": (2, 0, 0, 0, 1), "rank 0": (1, 0, 0, 0, 0), "rank 1": (1, 0, 0, 0, 1)}
+    ranks = {"job": (2, 1, 0, 0), "rank 0": (1, 0, 0, 0), "rank 1": (1, 1, 0, 0)}
     assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, ranks, []), watched.log
     assert "(run in 2 rank(s)): 1 trained against the contract: 1 without a loss_mask" in watched.head
 
@@ -214,7 +215,7 @@ def test_torchrun_ranks_megatron_lm_call_silent_label_less_call_reported(watched
 @pytest.mark.parametrize("watched", ["data-parallel"], indirect=True)
 def test_torchrun_data_parallel_ranks_print_the_job_line_alone(watched):
     """Their batches differ (one padded on the right, one on the left): that is data, not a difference in training."""
-    silent = (Exit.OK, {"job": (2, 0, 0, 0, 0)}, [])
+    silent = (Exit.OK, {"job": (2, 0, 0, 0)}, [])
     assert (watched.code, watched.report, watched.left) == silent, watched.log
 
 
@@ -223,7 +224,7 @@ def test_a_job_stopped_keeps_its_verdict(watched, request):
     """Unmasked steps, then a signal to watch (it passes it on once, and prints what the job reported), or SIGKILL to
     the job's process after its first trained call: its report of that call stands."""
     sig, steps = request.node.callspec.params["watched"], 2 - (request.node.callspec.params["watched"] == "SIGKILL")
-    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (steps, 0, 0, 0, 0)}, [])
+    assert (watched.code, watched.report, watched.left) == (Exit.UNMASKED, {"job": (steps, 0, 0, 0)}, [])
     assert f"{steps} " + UNMASKED.format(steps) + trains(*[loops.sft()["mask"]] * steps) in watched.head
     ending = f"was killed by {sig}" if sig == "SIGKILL" else f"stopped by {sig}"
     assert watched.head.endswith(ending), watched.head
@@ -231,6 +232,6 @@ def test_a_job_stopped_keeps_its_verdict(watched, request):
 
 @pytest.mark.parametrize("watched", ["exit 3"], indirect=True)
 def test_a_job_that_fails_after_masked_steps_prints_its_counts(watched):
-    assert (watched.code, watched.report, watched.left) == (Exit.JOB_FAILED, {"job": (2, 0, 0, 0, 0)}, [])
+    assert (watched.code, watched.report, watched.left) == (Exit.JOB_FAILED, {"job": (2, 0, 0, 0)}, [])
     assert watched.head.endswith(f"; {sys.executable} ended with exit code 3"), watched.head
     assert "against the contract" not in watched.head
