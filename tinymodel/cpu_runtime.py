@@ -55,7 +55,7 @@ def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1, exper
     # Core's memory buffer, rotary embedding, MTP tracker and p2p shapes allocate on torch.cuda.current_device().
     torch.cuda.current_device = _cpu_device
     if not dist.is_initialized():
-        if "RANK" in os.environ:
+        if "RANK" in os.environ and os.environ.get("WORLD_SIZE") != "1":  # one rank needs no port, which may be taken
             dist.init_process_group("gloo")
         else:
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
