@@ -1,6 +1,7 @@
 """`verify`: whether a target hands a model with MTP on the batch's loss_mask, by its behaviour (probe.py)."""
 
 import ctypes
+import errno
 import json
 import os
 import re
@@ -10,7 +11,7 @@ from functools import partial
 from pathlib import Path
 
 from mtp_mask_fix import probe
-from mtp_mask_fix.errors import doing
+from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.paths import is_gpt_step_of
 from mtp_mask_fix.targets import Target
 
@@ -22,22 +23,30 @@ def verify(target: Target, python: str) -> tuple[bool, str]:
     path = os.pathsep.join(filter(None, [str(target.import_root), os.environ.get("PYTHONPATH")]))
     run, env = [python, "-c", Path(probe.__file__).read_text()], dict(os.environ, PYTHONPATH=path)
     ends = partial(_ends_with, os.getpid())
-    with doing("running", python):
-        result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=target.import_root, preexec_fn=ends)
-    lines = result.stdout.strip().splitlines()
-    if result.returncode != 0 or not lines:  # in the user's terms: the interpreter lacks what trains, or a probe bug
-        error = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        if re.search(r"ModuleNotFoundError|ImportError|No module named", error):
-            needs = f"it cannot import what {target.label} needs ({error})"
-            return False, f"{needs}; give --python the interpreter that trains"
-        return False, f"the probe of {target.label}'s forward_step failed ({error}); please report it"
     try:
-        found = json.loads(lines[-1])
+        result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=target.import_root, preexec_fn=ends)
+    except OSError as exc:  # no system runs it (ENOEXEC): the user's input; anything else is the OS's
+        raise (ToolError if exc.errno == errno.ENOEXEC else OSError)(f"running {python}: {exc.strerror}") from None
+    out, said = result.stdout.strip().splitlines(), (result.stderr.strip() or result.stdout.strip()).splitlines()
+    try:
+        found = json.loads(out[-1]) if result.returncode == 0 and out else None
     except ValueError:
-        return False, f"it printed no probe result ({lines[-1][:200]!r})"
-    if not is_gpt_step_of(found["file"], target.import_root):
-        return False, f"it imported gpt_step from {found['file']}, not from {target.label}"
-    return found["delivered"], found["reason"]
+        found = None
+    if isinstance(found, dict) and {"file", "delivered", "reason"} <= found.keys():
+        if not is_gpt_step_of(found["file"], target.import_root):
+            return False, f"it imported gpt_step from {found['file']}, not from {target.label}"
+        return found["delivered"], found["reason"]
+    said = said or [f"exit {result.returncode}"]
+    if re.search(r"ModuleNotFoundError|ImportError|No module named", said[-1]):  # in the user's terms: what trains
+        return (
+            False,
+            f"it cannot import what {target.label} needs ({said[-1]}); give --python the interpreter that trains",
+        )
+    if result.returncode < 0:
+        return False, f"the probe ended by {signal.Signals(-result.returncode).name}"
+    if "Traceback (most recent call last)" in result.stderr:  # Python ran it: the target's code failed there
+        return False, f"the probe of {target.label}'s forward_step failed ({said[-1]})"
+    raise ToolError(f"--python {python} is not a Python: it did not run the probe (it said: {said[0][:40]})")
 
 
 def _ends_with(parent: int) -> None:

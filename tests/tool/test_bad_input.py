@@ -4,8 +4,10 @@ Each case of the table makes its input in a fresh tmp_path (a target, a damaged 
 command line; the table is every refusal a user can meet before the tool has written anything."""
 
 import json
+import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,7 @@ from tests.support.targets import CONTEXT, REGION_EDIT, UPSTREAM_TEST, fake_pyth
 
 
 JOURNAL = ".mtp-mask-fix-journal.json"
+READ_ONLY = "is read-only or not yours to write"  # one sentence, by its mode or by its mount
 
 
 @dataclass
@@ -45,7 +48,7 @@ CASES = {
     ),
     "a read-only test file": Case("git", "read-only test", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
     "a read-only folder": Case("installed", "read-only folder", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
-    "a read-only TARGET": Case("installed", "read-only root", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
+    "a read-only TARGET": Case("installed", "read-only root", ("apply", "--no-verify", "TARGET"), 2, (READ_ONLY,)),
     "a journal that is a folder": Case("installed", "journal folder", ("verify", "TARGET"), 2, ("is not a file",)),
     "no git on PATH": Case("git", "no git", ("check", "TARGET"), 2, ("git is not on PATH",)),
     # the interpreter
@@ -73,14 +76,24 @@ CASES = {
         "installed",
         "python no format",
         ("verify", "--python", "PY", "TARGET"),
-        5,
-        ("running {PY}: Exec format error; nothing changed",),
+        2,
+        ("running {PY}: Exec format error",),
+    ),
+    "a program that is not Python": Case(
+        "installed", "python ls", ("verify", "--python", "PY", "TARGET"), 2, ("--python {PY} is not a Python",)
+    ),
+    "a program that is not Python, to verify a write": Case(
+        "installed", "python ls", ("apply", "--python", "PY", "TARGET"), 2, ("is not a Python",)
     ),
     "an interpreter without torch": Case(
         "installed", "python no torch", ("verify", "--python", "PY", "TARGET"), 5, ("not verified with {PY}", "torch")
     ),
     "an interpreter that prints junk": Case(
-        "installed", "python hello", ("verify", "--python", "PY", "TARGET"), 5, ("not verified with {PY}", "hello")
+        "installed",
+        "python hello",
+        ("verify", "--python", "PY", "TARGET"),
+        2,
+        ("--python {PY} is not a Python", "hello"),
     ),
     # the command line
     "an unknown command": Case("installed", "", ("frobnicate",), 2, ("invalid choice: 'frobnicate'",)),
@@ -137,6 +150,8 @@ def broken(request, tmp_path, edit):
         python = fake_python(tmp_path, "python", "echo /")
     elif what == "python no torch":
         python = fake_python(tmp_path, "python", "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1")
+    elif what == "python ls":
+        python = Path(shutil.which("ls"))
     elif what == "python hello":
         python = fake_python(tmp_path, "python", "echo hello")
     elif what == "python not executable":
@@ -161,8 +176,10 @@ def test_refused_in_one_line_and_nothing_changed(cli, tool_env, refused, snapsho
     places = {"TARGET": str(root), "PY": str(python)}
     argv = [places.get(arg, arg) for arg in case.argv]
     before = snapshot(tmp_path, PATCHES)
-    refused(cli(*argv, env=dict(tool_env, **env)), case.code, *(word.format(**places) for word in case.words))
+    line = refused(cli(*argv, env=dict(tool_env, **env)), case.code, *(word.format(**places) for word in case.words))
     assert snapshot(tmp_path, PATCHES) == before
+    if case.breaks.startswith("python"):  # a line a person reads at once, the paths made here aside
+        assert len(line.replace(str(tmp_path), "")) < 200, line
 
 
 class TestNotRefused:
