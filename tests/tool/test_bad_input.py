@@ -3,7 +3,9 @@
 Each case of the table makes its input in a fresh tmp_path (a target, a damaged patch, an interpreter), then runs one
 command line; the table is every refusal a user can meet before the tool has written anything."""
 
+import errno
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ CASES = {
     "a read-only test file": Case("git", "read-only test", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
     "a read-only folder": Case("installed", "read-only folder", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
     "a read-only TARGET": Case("installed", "read-only root", ("apply", "--no-verify", "TARGET"), 2, (READ_ONLY,)),
+    "a read-only mount": Case("installed", "read-only mount", ("apply", "--no-verify", "TARGET"), 2, (READ_ONLY,)),
     "a journal that is a folder": Case("installed", "journal folder", ("verify", "TARGET"), 2, ("is not a file",)),
     "no git on PATH": Case("git", "no git", ("check", "TARGET"), 2, ("git is not on PATH",)),
     # the interpreter
@@ -109,7 +112,7 @@ CASES = {
 
 
 @pytest.fixture
-def broken(request, tmp_path, edit):
+def broken(request, tmp_path, edit, monkeypatch):
     """The case's target, broken as it says; returns (target root, the interpreter, extra env)."""
     case = CASES[request.node.callspec.params["name"]]
     tree = request.getfixturevalue(
@@ -140,6 +143,19 @@ def broken(request, tmp_path, edit):
         tree.gpt_step.parent.chmod(0o555)
     elif what == "read-only root":
         root.chmod(0o555)
+    elif what == "read-only mount":  # as a read-only bind mount answers: writable by its mode, EROFS to a write
+        inside, access, unlink = (
+            lambda path: Path(path).resolve().is_relative_to(root.resolve()),
+            os.access,
+            Path.unlink,
+        )
+        read_only = OSError(errno.EROFS, os.strerror(errno.EROFS))
+        monkeypatch.setattr(
+            os, "access", lambda path, mode: not (mode & os.W_OK and inside(path)) and access(path, mode)
+        )
+        monkeypatch.setattr(
+            Path, "unlink", lambda path, **kw: unlink(path, **kw) if not inside(path) else _raise(read_only)
+        )
     elif what == "journal folder":
         (root / JOURNAL).mkdir()
     elif what == "no git":
@@ -170,6 +186,10 @@ def broken(request, tmp_path, edit):
             path.chmod(0o755)
 
 
+def _raise(error: OSError):
+    raise error
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_refused_in_one_line_and_nothing_changed(cli, tool_env, refused, snapshot, tmp_path, broken, name):
     case, (root, python, env) = CASES[name], broken
@@ -196,7 +216,7 @@ class TestNotRefused:
         checked = cli("check", site_packages.root)
         assert (checked.returncode, checked.stderr) == (2, "") and "gpt_step.py is a symlink" in checked.stdout
         refused(cli("apply", "--no-verify", site_packages.root), 2, "gpt_step.py is a symlink")
-        assert cli("verify", "--python", probe_ok(site_packages.root), site_packages.root).returncode == 0
+        assert cli("verify", "--python", probe_ok(), site_packages.root).returncode == 0
         assert snapshot(site_packages.root, real) == before
 
     def test_a_symlinked_gpt_step_that_is_already_fixed(self, cli, tmp_path, site_packages):

@@ -19,6 +19,8 @@ from tests.support.targets import (
     REGION_EDIT,
     UPSTREAM_TEST,
     Tree,
+    fake_python,
+    probe_says,
     verdict,
 )
 
@@ -266,6 +268,43 @@ def test_a_line_next_to_the_fix_that_changes_the_mask_is_for_the_probe(cli, edit
         assert f"check cannot tell: megatron/bridge/training/gpt_step.py:{line} `{OVERRIDES[0]}`" in result.stdout
 
 
+# After the fix, edits a maintainer might make that leave the mask's way to the model unshown: each is the probe's.
+UNSHOWN = {
+    "the guard negated": ("    if use_mtp:\n", "    if not use_mtp:\n", "`if not use_mtp:` may skip"),
+    "a condition on the mask": (
+        '        forward_args["loss_mask"] = loss_mask\n',
+        '        forward_args["loss_mask"] = loss_mask if state.cfg else None\n',
+        "may hand the model something other than the batch's loss_mask",
+    ),
+    "a harmless read": (MODEL_CALL, '            _ = forward_args["loss_mask"]\n' + MODEL_CALL, "cannot follow"),
+}
+
+
+@pytest.mark.parametrize("case", UNSHOWN)
+def test_a_fix_check_cannot_follow_is_for_the_probe(cli, refused, snapshot, tmp_path, site_packages, probe_ok, case):
+    """check and status: "check cannot tell" (exit 2), never fixed; apply --no-verify refuses it; a verified apply
+    runs the probe and exits 0 where it shows the mask, 5 where not; nothing changes."""
+    assert cli("apply", "--no-verify", site_packages.root).returncode == 0
+    old, new, said = UNSHOWN[case]
+    site_packages.gpt_step.write_text(site_packages.gpt_step.read_text().replace(old, new, 1))
+    before = snapshot(site_packages.root)
+    for command in ("check", "status"):
+        result = cli(command, site_packages.root)
+        assert result.returncode == 2, result.stdout
+        assert "check cannot tell" in result.stdout and said in result.stdout
+    assert said in refused(cli("apply", "--no-verify", site_packages.root), 2, "check cannot tell")
+    python = probe_ok()
+    done = cli("apply", "--python", python, site_packages.root)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == (
+        f"{site_packages.root}: already fixed (check cannot tell, the probe shows it); nothing changed; "
+        f"verified with {python}: fake probe\n"
+    )
+    not_seen = fake_python(tmp_path, "python-sees-none", probe_says(False, "no loss_mask reached"))
+    refused(cli("apply", "--python", not_seen, site_packages.root), 5, "no loss_mask reached", "nothing changed")
+    assert snapshot(site_packages.root) == before
+
+
 RENAME = ("loss_mask", "mask")  # upstream renames the local variable in _forward_step_common
 
 
@@ -283,7 +322,7 @@ def test_a_renamed_local_is_drift_not_a_name_error(cli, refused, snapshot, site_
     said = verdict(cli("check", site_packages.root), 4)
     assert "applies, but then megatron/bridge/training/gpt_step.py:" in said
     assert said.endswith(f"{where}, which `_forward_step_common` does not bind")
-    for flags in (["--no-verify"], ["--python", probe_ok(site_packages.root)]):
+    for flags in (["--no-verify"], ["--python", probe_ok()]):
         assert refused(cli("apply", *flags, site_packages.root), 4) == f"mtp-mask-fix: error: {said}"
     assert snapshot(site_packages.root) == before
     fix = "".join(line.value for hunk in patch.files[0] for line in hunk if line.is_added)
