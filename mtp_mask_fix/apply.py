@@ -1,14 +1,14 @@
-"""`apply` and `revert`, all or nothing, one writer at a time; apply is verified by behaviour or rolled back."""
+"""`apply` and `revert`: all or nothing, a write at a time; apply verifies by behaviour what it writes before it
+writes it, no lock held for a probe."""
 
-import contextlib
 import os
 
 from mtp_mask_fix import journal
 from mtp_mask_fix.check import State, check, fixed_how, touched
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.journal import WAIT
+from mtp_mask_fix.journal import WAIT, Lock
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.signals import Interrupted, held
+from mtp_mask_fix.signals import Interrupted, held, say
 from mtp_mask_fix.targets import Target
 from mtp_mask_fix.verify import verify
 
@@ -16,74 +16,83 @@ from mtp_mask_fix.verify import verify
 FAILURES = (ToolError, OSError, Interrupted)  # what stops a command; an OSError exits 5
 
 
-def apply(target: Target, patches: list[Patch], *, python: str | None, wait: float = WAIT) -> tuple[str, Exit]:
-    """Apply the patch unless the target is already fixed, then verify it with `python` (if given)."""
-    with journal.lock(target.root, target.label, wait=wait):  # most start-ups find the fix: they read it side by side
+def apply(target: Target, patches: list[Patch], *, python: str | None, wait: float = WAIT) -> int:
+    """Apply the patch unless the target is already fixed, verify it with `python` (if given), and say what it did."""
+    lock, label, verified = Lock(target.root, target.label, wait), target.label, None  # the bytes verified aside
+    with lock.held():  # most start-ups find the fix: they read it side by side
         verdict = check(target, patches)
-    writes = verdict.state in (State.APPLIES, State.INTERRUPTED)  # the rest only verify, outside the writer's lock
-    writer = _writer(target, patches, wait) if writes else contextlib.nullcontext(("", lambda: None))
-    with writer as (put_back, unlock):
-        verdict = check(target, patches) if writes else verdict
-        if verdict.state is State.APPLIES:
-            return put_back + _write(target, verdict.rewrite, f"applied ({verdict.detail})", python), Exit.OK
-        fixed = fixed_how(verdict)
-        unlock()  # nothing to write (another rank wrote it, maybe): verified beside the others
-        verified = _verified(target, python, f"{target.label}: nothing changed (its source reads as fixed: {fixed}); ")
-        return f"{put_back}{target.label}: already fixed ({fixed}); nothing changed{verified}", Exit.OK
+    if verdict.state is State.INTERRUPTED:
+        with lock.held(exclusive=True):
+            _undo(target, patches)
+            verdict = check(target, patches)
+    if verdict.state is State.APPLIES:  # its new bytes verified aside, beside the other ranks; then written alone
+        verified = verdict.rewrite, _probe(target, python, verdict.rewrite, f"{label}: nothing changed; ")
+        with lock.held(exclusive=True):
+            _undo(target, patches)
+            verdict = check(target, patches)  # another rank may have written them meanwhile
+            if verdict.state is State.APPLIES and verdict.rewrite == verified[0]:
+                done = f"applied ({verdict.detail})"
+                _write(target, verdict.rewrite, done + (" and verified" if python else ""))
+                say(f"{label}: {done}{verified[1]}")
+                return Exit.OK
+    if verdict.state is State.APPLIES:  # the bytes to write are not the ones verified: the tree changed meanwhile
+        raise ToolError(f"{label}: changed while the patch was verified; nothing changed: run it again", Exit.FAILED)
+    unsure = verdict.state in (State.UNPROVEN, State.UNTOLD)  # the probe tells
+    if unsure and not python:
+        raise ToolError(f"{verdict}; `apply` without --no-verify runs the probe")
+    fixed = "check cannot tell, the probe shows it" if unsure else fixed_how(verdict)  # fixed_how refuses the rest
+    if not (verified and all((target.root / rel).read_bytes() == data for rel, data in verified[0].items())):
+        said = f"{verdict}; " if unsure else f"{label}: its source reads as fixed ({fixed}); "
+        verified = None, _probe(target, python, None, said + "nothing changed; ")  # the tree as it is
+    say(f"{label}: already fixed ({fixed}); nothing changed{verified[1]}")
+    return Exit.OK
 
 
-def revert(target: Target, patches: list[Patch], *, wait: float = WAIT) -> tuple[str, Exit]:
-    """Take the patch out again, giving the files the bytes they had before it."""
-    with _writer(target, patches, wait) as (put_back, _):
-        verdict = check(target, patches)
-        if verdict.state is State.APPLIES and put_back:  # what a killed apply left is put back: that is the release
-            return f"{put_back}{target.label}: the patch is not applied: the files are as before it", Exit.OK
+def revert(target: Target, patches: list[Patch], *, wait: float = WAIT) -> int:
+    """Take the patch out again, giving the files the bytes they had before it, and say what it did."""
+    label = target.label
+    with Lock(target.root, label, wait).held(exclusive=True):
+        undone, verdict = _undo(target, patches), check(target, patches)
+        if verdict.state is State.APPLIES and undone:  # what a killed apply left is undone: that is the release
+            say(f"{label}: the patch is not applied: the files are as before it")
+            return Exit.OK
         if verdict.state is State.APPLIES:
-            raise ToolError(f"{target.label}: the patch is not applied here: nothing to revert")
+            raise ToolError(f"{label}: the patch is not applied here: nothing to revert")
         if verdict.state is State.EQUIVALENT:
-            raise ToolError(f"{target.label}: fixed another way, not by this patch: nothing of the tool's to revert")
+            raise ToolError(f"{label}: fixed another way, not by this patch: nothing of the tool's to revert")
         if verdict.state not in (State.APPLIED, State.UNPROVEN):
             raise ToolError(str(verdict), verdict.state.code)
         done = f"reverted ({verdict.detail}): the files are as before the patch"
-        return put_back + _write(target, verdict.rewrite, done, None), Exit.OK
+        _write(target, verdict.rewrite, done)
+    say(f"{label}: {done}")
+    return Exit.OK
 
 
-@contextlib.contextmanager
-def _writer(target: Target, patches: list[Patch], wait: float):
-    """Be TARGET's one writer, having put back what an interrupted run left; yields the line saying so, and unlock."""
-    said = ""
-    try:
-        with journal.lock(target.root, target.label, exclusive=True, wait=wait) as unlock:
-            with held():
-                said = journal.recover(target.root, target.label, target.release, touched(target, patches))
-            yield f"{target.label}: put back what an interrupted run left ({said})\n" if said else "", unlock
-    except FAILURES as exc:  # a write says what it left itself; this is before or after one
-        if said:
-            left = f"put back what an interrupted run left ({said}); then {exc}"
-            raise ToolError(f"{target.label}: {left}", getattr(exc, "code", Exit.FAILED)) from None
-        raise
+def _undo(target: Target, patches: list[Patch]) -> bool:
+    """Undo what a killed run left, saying what it did, under the writer's lock; whether there was anything."""
+    with held():
+        undone = journal.recover(target.root, target.label, target.release, touched(target, patches))
+    if undone:
+        say(f"{target.label}: undid what an interrupted run left: {undone}", final=False)
+    return bool(undone)
 
 
-def _write(target: Target, after: dict[str, bytes], done: str, python: str | None) -> str:
-    """Give the files the bytes `after` under a journal and verify them with `python`, or put them back; its line."""
+def _write(target: Target, after: dict[str, bytes], done: str) -> None:
+    """Give the files the bytes `after` under a journal, all or nothing (`done`: the work, should a signal end it)."""
     root = target.root
     for path in [root, *[where for rel in after for where in (root / rel, (root / rel).parent)]]:
-        # Read-only by its mode (root writes anything, but the mode states intent) or by access(2).
+        # Read-only by its mode (root writes anything, but the mode states intent), or by access(2): its mount too.
         if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
-            raise ToolError(
-                f"{path} is read-only or not yours to write; make it writable (mtp-mask-fix writes a journal in "
-                "TARGET and renames each file into place)"
-            )
+            make = "make it writable (mtp-mask-fix writes a journal in TARGET and renames each file into place)"
+            raise ToolError(f"{path} is read-only or not yours to write; {make}")
     try:
         with held():
             journal.write(root, target.release, after)
         with held():
             for rel, data in after.items():
                 journal.write_atomic(root / rel, data)
-        verified = _verified(target, python)
         with held():
             journal.close(root)
-        return f"{target.label}: {done}{verified}"
     except FAILURES as exc:  # how far it got, the tree says: a journal, or the new bytes and none
         written = (root / journal.JOURNAL).is_file()
         try:
@@ -92,14 +101,15 @@ def _write(target: Target, after: dict[str, bytes], done: str, python: str | Non
         except (ToolError, OSError) as failed:
             raise ToolError(f"{target.label}: {exc}; putting the files back failed: {failed}", Exit.FAILED) from None
         finished = not written and all((root / rel).read_bytes() == data for rel, data in after.items())
-        left = f"it had finished: {done}" + (" and verified" if python else "") if finished else "nothing changed"
-        left = "rolled back: the files are as before" if written else left
-        raise ToolError(f"{target.label}: {exc}; {left}", getattr(exc, "code", Exit.FAILED)) from None
+        left = "rolled back: the files are as before" if written else f"it had finished: {done}" if finished else ""
+        raise ToolError(
+            f"{target.label}: {exc}; {left or 'nothing changed'}", getattr(exc, "code", Exit.FAILED)
+        ) from None
 
 
-def _verified(target: Target, python: str | None, failed: str = "") -> str:
+def _probe(target: Target, python: str | None, after: dict | None, failed: str) -> str:
     """`; verified with PY: why`, "" without `python`; refused (exit 5), after `failed`, where the mask is not seen."""
-    delivered, reason = verify(target, python) if python else (True, "")
+    delivered, reason = verify(target, python, after) if python else (True, "")
     if not delivered:
         raise ToolError(f"{failed}not verified with {python}: {reason}", Exit.FAILED)
     return f"; verified with {python}: {reason}" if python else ""

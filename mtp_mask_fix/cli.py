@@ -11,8 +11,8 @@ from pathlib import Path
 
 from mtp_mask_fix import __version__, apply, check, journal, targets, watch
 from mtp_mask_fix.errors import Exit, ToolError, doing, exit_table
-from mtp_mask_fix.journal import WAIT, lock
-from mtp_mask_fix.signals import SIGNALS, Interrupted, guard
+from mtp_mask_fix.journal import WAIT, Lock
+from mtp_mask_fix.signals import SIGNALS, Interrupted, guard, say
 from mtp_mask_fix.verify import verify
 
 
@@ -67,40 +67,47 @@ def _target(args) -> targets.Target:
     return targets.resolve(str(root.parent if root.name == "src" else root))
 
 
-def cmd_check(args) -> tuple[str, Exit]:
-    target = _target(args)
-    with lock(target.root, target.label):  # a running apply or revert finishes first
-        verdict = check.check(target, check.candidates())
-    return str(verdict), verdict.state.code
+def cmd_check(args) -> int:
+    return report(_target(args))
 
 
-def cmd_apply(args) -> tuple[str, Exit]:
+def cmd_apply(args) -> int:
     target, python = _target(args), None if args.no_verify else interpreter(args.python)
     return apply.apply(target, check.candidates(), python=python, wait=args.wait)
 
 
-def cmd_revert(args) -> tuple[str, Exit]:
+def cmd_revert(args) -> int:
     return apply.revert(_target(args), check.candidates(), wait=args.wait)
 
 
-def cmd_verify(args) -> tuple[str, Exit]:
-    target, python = _target(args), interpreter(args.python)
-    with lock(target.root, target.label):
+def cmd_verify(args) -> int:
+    return verify_command(_target(args), interpreter(args.python))
+
+
+def cmd_status(args) -> int:
+    return report(_target(args), status=True)
+
+
+def report(target: targets.Target, *, status: bool = False) -> int:
+    """Print where TARGET stands (`status`: after the patch's DEP-3 block); the state's exit code."""
+    patches = check.candidates()  # the carried patch's block; judged as `check` judges, backports too
+    with Lock(target.root, target.label).held():  # a running write finishes first
+        verdict = check.check(target, patches)
+    block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
+    say(f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}" if status else str(verdict))
+    return verdict.state.code
+
+
+def verify_command(target: targets.Target, python: str) -> int:
+    """Print whether the model that `python` imports from TARGET receives the batch's loss_mask; 0 only if it does."""
+    with Lock(target.root, target.label).held():  # what a killed run left is read alone; the probe runs unlocked
         if left := journal.left(target.root, check.touched(target, check.candidates())):
             raise ToolError(f"{target.label}: an interrupted run left {left}", Exit.FAILED)
-        delivered, reason = verify(target, python)
+    delivered, reason = verify(target, python)
     if not delivered:
         raise ToolError(f"{target.label}: not verified with {python}: {reason}", Exit.FAILED)
-    return f"{target.label}: verified with {python}: {reason}", Exit.OK
-
-
-def cmd_status(args) -> tuple[str, Exit]:
-    patches = check.candidates()  # the carried patch's block; judged as `check` judges, backports too
-    block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
-    target = _target(args)
-    with lock(target.root, target.label):
-        verdict = check.check(target, patches)
-    return f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}", verdict.state.code
+    say(f"{target.label}: verified with {python}: {reason}")
+    return Exit.OK
 
 
 def seconds(text: str) -> float:
@@ -129,10 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     trains = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
     reads = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
-    wait = dict(metavar="SECONDS", type=seconds, default=WAIT, help=f"while another holds TARGET (default {WAIT:.0f})")
+    wait = dict(metavar="SECONDS", type=seconds, default=WAIT, help=f"for another's write (default {WAIT:.0f})")
     command(cmd_check, "applies / already applied (or fixed another way) / drifted", reads)
-    p = command(cmd_apply, "apply the patch (all or nothing), then verify by behaviour", trains)
-    p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe after applying")
+    p = command(cmd_apply, "verify the patch by behaviour, then apply it (all or nothing)", trains)
+    p.add_argument("--no-verify", action="store_true", help="skip the behaviour probe before applying")
     p.add_argument("--wait", **wait)
     p = command(cmd_revert, "take the patch out again (all or nothing): the bytes as before the patch", reads)
     p.add_argument("--wait", **wait)
@@ -149,10 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> None:
     """Run a command line (maintain/'s too), with one line on stderr and its exit code for any refusal."""
     with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
-        out = sys.stderr
+        text, out = "", sys.stderr
         try:
             args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
-            (text, code), out = args.func(args), sys.stdout
+            code = args.func(args)  # it prints its outcome, or hands it back (watch, maintain's) to print here
+            (text, code), out = code if isinstance(code, tuple) else ("", code), sys.stdout
         except ToolError as exc:
             text, code = f"mtp-mask-fix: error: {exc}", exc.code
         except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
@@ -163,5 +171,8 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
         except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
             text, code = f"mtp-mask-fix: error: {exc}: nothing changed", exc.code
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the outcome stands: a signal from here on is not delivered
-    print(text, file=out, end="\n" if text else "")
+    if text and out is sys.stdout:
+        say(text)
+    elif text:
+        print(text, file=out)
     sys.exit(int(code))

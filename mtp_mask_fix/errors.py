@@ -13,7 +13,7 @@ class Exit(IntEnum):
         return member
 
     OK = 0, "done; `check`, `status`: the patch applies (the bug is present); `apply`: fixed (and verified)"
-    USAGE = 2, "bad input or environment, refused before any work (not Megatron-Bridge, read-only, local edits, ...)"
+    USAGE = 2, "bad input or environment, refused before any work (read-only, local edits, what check can't tell, ...)"
     ALREADY_APPLIED = 3, "`check`, `status`: already fixed, by this patch or another way; nothing to apply"
     DRIFTED = 4, "the patch no longer applies, or not where the model call gets its arguments: upstream's text changed"
     FAILED = 5, "the probe failed or could not run, an OS error, a killed run's files; `watch` judged no MTP loss call"

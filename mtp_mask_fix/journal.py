@@ -1,4 +1,4 @@
-"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of what a killed run left."""
+"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces."""
 
 import base64
 import contextlib
@@ -10,15 +10,15 @@ import shutil
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError, doing
 
 
-JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET while a write is unfinished: each file as it was, what replaces it
+JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET until a write is verified: each file as it was, what replaces it
 TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new bytes are written
-WAIT = 300.0  # seconds a command waits for another's lock on TARGET: several ranks start at once
-Entries = dict[str, tuple[bytes, str]]  # file: (its bytes before, the sha256 of what replaces them)
+WAIT = 300.0  # seconds a command waits for another's write to TARGET: several ranks start at once
 UNREADABLE = "naming no file it can restore: unreadable, or not the tool's"
 SCRATCH = "mtp-mask-fix-scratch-"  # a run's temporary folders in $TMPDIR (`watch` names its own otherwise)
 
@@ -72,34 +72,51 @@ def scratch():
         os.close(fd)
 
 
-@contextlib.contextmanager
-def lock(root: Path, label: str, *, exclusive: bool = False, wait: float = WAIT):
-    """Hold flock(2) on TARGET's folder, shared to read it or exclusive to check and write it; yields its unlock."""
+class Lock:
+    """One command's flock(2) on TARGET's folder: shared to read it, exclusive to write it, never held for a probe."""
+
     # A waiter sleeps in the kernel's queue and takes the lock once it is free; SIGALRM tells a person still waiting
-    # after 2 s why, and ends the wait. The lock leaves no file behind and goes with its process, however it ends.
+    # after 2 s why (once a command), and ends a wait of more than `wait`. It goes with its process, however it ends.
 
-    def alarm(signum, frame):
-        if said or wait <= 2:
-            raise TimeoutError
-        print(f"mtp-mask-fix: waiting for the lock on {label}, which another process holds", file=sys.stderr)
-        said.append(True)
+    def __init__(self, root: Path, label: str, wait: float = WAIT):
+        self.root, self.label, self.wait, self.told = root, label, wait, False
 
-    with doing("locking", root):
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    said, previous = [], signal.signal(signal.SIGALRM, alarm)
-    try:
+    @contextlib.contextmanager
+    def held(self, exclusive: bool = False):
+        tell = not self.told and self.wait > 2
+
+        def alarm(signum, frame):
+            nonlocal tell
+            if not tell:
+                raise TimeoutError
+            print(f"mtp-mask-fix: waiting for the lock on {self.label}, which another process holds", file=sys.stderr)
+            tell, self.told = False, True
+
+        with doing("locking", self.root):
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        previous = signal.signal(signal.SIGALRM, alarm)
         try:
-            signal.setitimer(signal.ITIMER_REAL, min(wait, 2), max(wait - 2, 0))
-            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if wait else fcntl.LOCK_NB))
-        except (TimeoutError, BlockingIOError):  # even had just before the alarm: closing fd frees it
-            held = f"its lock was not free within {wait:g} s (another process held it)"
-            raise ToolError(f"{label}: {held}; nothing changed: run it again once that one ends", Exit.BUSY) from None
+            try:
+                signal.setitimer(signal.ITIMER_REAL, 2 if tell else self.wait, self.wait - 2 if tell else 0)
+                fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | (0 if self.wait else fcntl.LOCK_NB))
+            except (TimeoutError, BlockingIOError):  # even had just before the alarm: closing fd frees it
+                held = f"its lock was not free within {self.wait:g} s (another process held it)"
+                raise ToolError(f"{self.label}: {held}; nothing changed: run it again once that one ends", Exit.BUSY)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            yield
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-        yield lambda: fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+            os.close(fd)
+
+
+@dataclass(frozen=True)
+class Journal:
+    """TARGET's journal: none, or what a killed write left; it names no file if it is unreadable or not the tool's."""
+
+    exists: bool = False
+    release: str = ""
+    files: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # each file's bytes before, and state now
 
 
 def write(root: Path, release: str, after: dict[str, bytes]) -> None:
@@ -110,78 +127,76 @@ def write(root: Path, release: str, after: dict[str, bytes]) -> None:
     write_atomic(root / JOURNAL, json.dumps({"release": release, "files": files}).encode())
 
 
-def read(root: Path) -> tuple[str, Entries] | None:
-    """The release and entries of a killed write's journal, None without one, no entries if it is unreadable."""
+def read(root: Path) -> Journal:
+    """TARGET's journal, each file's state now: as before, patched (as the write left it), or changed since."""
     # Written by a rename, it is torn only by damage from outside: so is a path that is no file inside TARGET.
     path = root / JOURNAL
     if path.exists() and not path.is_file():
         raise ToolError(f"{path} is not a file: mtp-mask-fix keeps its journal there; remove it")
     if not path.is_file():
-        return None
+        return Journal()
     try:
         data = json.loads(path.read_text())
-        entries = {rel: (base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
+        files = {rel: (base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
         release = str(data["release"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
-        return "", {}
-    inside = all((root / rel).resolve().parent.is_relative_to(root.resolve()) for rel in entries)
-    files = all((root / rel).parent.is_dir() and not (root / rel).is_dir() for rel in entries)
-    return (release, entries) if inside and files else (release, {})
-
-
-def _now(root: Path, rel: str) -> bytes | None:
-    return (root / rel).read_bytes() if (root / rel).is_file() else None
-
-
-def _leftovers(root: Path, files: list[str]) -> list[Path]:
-    """The temporary files a killed write left beside the journal's place or a file it writes."""
-    return [temp(root / rel) for rel in [JOURNAL, *files] if temp(root / rel).exists()]
-
-
-def left(root: Path, files: list[str], *, next_step: bool = True) -> str | None:
-    """What a killed write left, said of each file, and (with `next_step`) what to do; None if it left nothing."""
-    journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
-
-    def then(step: str) -> str:
-        return f"; the next `apply` or `revert` {step}" if next_step else ""
-
-    if journal is None:
-        return f"the temporary file {', '.join(stray)}{then('removes it')}" if stray else None
-    said = []
-    for rel, (before, after) in journal[1].items():
-        now = _now(root, rel)
-        said.append(
-            f"{rel} "
-            + ("as before" if now == before else "patched, not verified" if digest(now) == after else "changed since")
-        )
-    if any(state.endswith("changed since") for state in said):
-        return f"{JOURNAL} ({', '.join(said)}): if the files are as you want them, remove {root / JOURNAL}"
-    return f"{JOURNAL} ({', '.join(said) or UNREADABLE}){then('puts it back first')}"
-
-
-def recover(root: Path, label: str, release: str, files: list[str]) -> str:
-    """Put back what a killed write left and say what it was, or refuse where the tree changed since."""
-    # Changed since: a file neither as before nor as replaced, or another release in its place. The caller holds the
-    # writer's lock, with signals held.
-    said, (made_for, entries) = left(root, files, next_step=False), read(root) or (release, {})
-    for rel, (before, after) in entries.items():
-        if (now := _now(root, rel)) != before and (digest(now) != after or release != made_for):
-            why = f"it was made for megatron-bridge {made_for}, which now holds {release}"
-            why = f"{rel} is neither as it left it nor as it was" if digest(now) != after else why
-            raise ToolError(
-                f"{label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
-                f"files are as you want them, remove {root / JOURNAL} and run the command again"
-            )
-    for rel, (before, _) in entries.items():
-        if _now(root, rel) != before:
-            write_atomic(root / rel, before)
-    for path in [*_leftovers(root, [*files, *entries]), root / JOURNAL]:
-        with doing("removing", path):
-            path.unlink(missing_ok=True)
-    return said or ""
+        files, release = {}, ""
+    inside = all((root / rel).resolve().parent.is_relative_to(root.resolve()) for rel in files)
+    if not (inside and all((root / rel).parent.is_dir() and not (root / rel).is_dir() for rel in files)):
+        files = {}
+    for rel, (before, after) in files.items():
+        now = (root / rel).read_bytes() if (root / rel).is_file() else None
+        state = "as before" if now == before else "patched, not verified" if digest(now) == after else "changed since"
+        files[rel] = before, state
+    return Journal(True, release, files)
 
 
 def close(root: Path) -> None:
     """Remove the journal of a whole write."""
     with doing("removing", root / JOURNAL):
         (root / JOURNAL).unlink()
+
+
+def _leftovers(root: Path, files: list[str]) -> list[Path]:
+    """The temporary files a killed write left beside the journal's place or a file it writes."""
+    return [temp(root / rel) for rel in dict.fromkeys([JOURNAL, *files]) if temp(root / rel).exists()]
+
+
+def left(root: Path, files: list[str]) -> str | None:
+    """What a killed write left, said of each file, and what to do; None if it left nothing."""
+    journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
+    if not journal.exists:
+        return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
+    states = [state for _, state in journal.files.values()]
+    said = ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items()) or UNREADABLE
+    if "changed since" in states:
+        return f"{JOURNAL} ({said}): if the files are as you want them, remove {root / JOURNAL}"
+    then = "puts it back" if set(states) - {"as before"} else "removes it"
+    return f"{JOURNAL} ({said}); the next `apply` or `revert` {then} first"
+
+
+def recover(root: Path, label: str, release: str, files: list[str]) -> str:
+    """Undo what a killed write left; what it put back and removed, "" if nothing."""
+    # Refused where the tree changed since: a file neither as before nor as replaced, or another release in its place.
+    # The caller holds the writer's lock, with signals held.
+    journal = read(root)
+    states = {rel: state for rel, (_, state) in journal.files.items()}
+    why = next(
+        (f"{rel} is neither as it left it nor as it was" for rel, s in states.items() if s == "changed since"), ""
+    )
+    if why or release != journal.release and "patched, not verified" in states.values():
+        why = why or f"it was made for megatron-bridge {journal.release}, which now holds {release}"
+        raise ToolError(
+            f"{label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
+            f"files are as you want them, remove {root / JOURNAL} and run the command again"
+        )
+    done = []
+    for rel, (before, state) in journal.files.items():
+        if state != "as before":
+            write_atomic(root / rel, before)
+            done.append(f"put back {rel}")
+    for path in [*_leftovers(root, [*files, *journal.files]), *[root / JOURNAL] * journal.exists]:
+        with doing("removing", path):
+            path.unlink()
+        done.append(f"removed {path.relative_to(root)}")
+    return ", ".join(done)

@@ -1,7 +1,10 @@
-"""The signals every command handles: `guard()` raises Interrupted for them, `held()` defers them past a write."""
+"""The signals every command handles: `guard()` raises Interrupted for them, `held()` defers them past a write, and
+`say()` blocks them once a command's outcome stands."""
 
 import contextlib
+import os
 import signal
+import sys
 
 from mtp_mask_fix.errors import Exit
 
@@ -42,3 +45,14 @@ def held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def say(text: str, *, final: bool = True) -> None:
+    """Print a line of a command's outcome; once `final` it stands: no signal is delivered from here on. A reader that
+    has gone (`| head`) takes nothing of it."""
+    if final:
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # and Python's own flush at exit finds nothing left to write
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

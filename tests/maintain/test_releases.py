@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from maintain.repo import patch_file, release, release_lines
-from mtp_mask_fix.check import why_not_fixed
+from mtp_mask_fix.reading import read
 from tests.support.targets import BACKPORT_FILE, FIXED, PINNED, hunk_parts, verdict
 
 
@@ -40,7 +40,7 @@ class TestReleaseLines:
         shutil.copytree(release(version).root / "megatron", copy / "megatron")
         result = cli("apply", "--no-verify", copy)
         assert result.stdout == f"{copy}: applied (source hunks only, {BACKPORT_FILE})\n", result.stderr
-        assert not why_not_fixed((copy / FIXED.removeprefix("src/")).read_text())
+        assert read((copy / FIXED.removeprefix("src/")).read_text()).fixed
         assert "already applied" in verdict(cli("check", copy), 3)
         assert cli("apply", "--no-verify", copy).returncode == 0
 

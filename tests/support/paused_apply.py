@@ -6,7 +6,7 @@ It is read only outside a held (signal-blocked) write, as a signal at that momen
 - checked: the verdict holds the new bytes, nothing is written;
 - journaled: the journal is written, the file is as before;
 - replaced: the journal is written, the file is patched;
-- verified: the probe has answered;
+- verified: the probe has answered (it verifies the new bytes aside, before the journal);
 - done: the journal is gone, the file is patched;
 - a temporary folder: the first one the run makes (in $TMPDIR) exists.
 """
@@ -51,8 +51,8 @@ def held(_real=apply.held):
         pause({(True, False): "journaled", (True, True): "replaced", (False, True): "done"}.get((journaled, patched)))
 
 
-def verify(target, python, _real=apply.verify):
-    found = _real(target, python)
+def verify(target, python, after=None, _real=apply.verify):
+    found = _real(target, python, after)
     pause("verified")
     return found
 

@@ -315,15 +315,19 @@ def fake_python(tmp_path: Path, name: str, body: str) -> Path:
     return script
 
 
+def probe_says(delivered: bool = True, reason: str = "fake probe") -> str:
+    """A shell line that prints what the probe prints, of the gpt_step.py where it runs (its folder, as the probe's)."""
+    said = (
+        '{"file": "%s/megatron/bridge/training/gpt_step.py", "delivered": '
+        + f'{str(delivered).lower()}, "reason": "{reason}"}}'
+    )
+    return f"printf '{said}\\n' \"$PWD\""
+
+
 @pytest.fixture
 def probe_ok(tmp_path):
     """An interpreter whose probe finds the fix at once (the behaviour probe itself is tested in test_verify.py)."""
-
-    def make(root: Path, *, seconds: float = 0) -> Path:
-        found = f'{{"file": "{root}/megatron/bridge/training/gpt_step.py", "delivered": true, "reason": "fake probe"}}'
-        return fake_python(tmp_path, "python-ok", f"sleep {seconds}; echo '{found}'")
-
-    return make
+    return lambda *, seconds=0: fake_python(tmp_path, "python-ok", f"sleep {seconds}; {probe_says()}")
 
 
 def start_paused(tool_env, tmp_path, phase, *args):

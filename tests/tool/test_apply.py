@@ -19,6 +19,7 @@ import pytest
 from unidiff import PatchSet
 
 from maintain.repo import release as release_target
+from mtp_mask_fix.cli import main as tool_main
 from mtp_mask_fix.journal import JOURNAL
 from tests.support.targets import (
     BACKPORT_FILE,
@@ -33,6 +34,7 @@ from tests.support.targets import (
     changed_lines,
     fake_python,
     hunk_parts,
+    probe_says,
     start_paused,
     verdict,
     wait_until,
@@ -84,7 +86,7 @@ class TestApplyGitCheckout:
             cli("apply", "--python", python, checkout.root), 5, "nothing changed", f"not verified with {python}"
         )
         assert "already fixed" not in line  # a line that says fixed and not verified contradicts itself
-        result = cli("apply", "--python", probe_ok(checkout.root / "src"), checkout.root)
+        result = cli("apply", "--python", probe_ok(), checkout.root)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith(
             f"{checkout.root}: already fixed (source and tests, {PATCH_FILE}); nothing changed; verified"
@@ -102,16 +104,24 @@ class TestApplyGitCheckout:
 class TestApplySitePackages:
     """apply on an installed package: the source hunk only, verified by behaviour (the probe imports the tree)."""
 
-    def test_failed_verification_rolls_back(self, cli, tmp_path, refused, snapshot, site_packages):
-        """An interpreter whose probe finds no loss_mask: exit 5, and the file is put back."""
+    def test_failed_verification_writes_nothing(self, cli, tmp_path, refused, snapshot, site_packages):
+        """An interpreter whose probe finds no loss_mask in the new bytes (verified aside): exit 5, nothing written."""
         fake_python = tmp_path / "fake-python"
         fake_python.write_text(
             '#!/bin/sh\necho \'{"file": "x", "delivered": false, "reason": "no loss_mask reached the model"}\'\n'
         )
         fake_python.chmod(0o755)
         before = snapshot(site_packages.root)
-        refused(cli("apply", "--python", fake_python, site_packages.root), 5, "rolled back")
+        refused(cli("apply", "--python", fake_python, site_packages.root), 5, "nothing changed; not verified with")
         assert snapshot(site_packages.root) == before
+
+    def test_a_tree_that_changes_while_its_patch_is_verified(self, cli, tmp_path, refused, site_packages):
+        """Another process edits gpt_step.py while the new bytes are verified aside: they are not written (exit 5)."""
+        edits = f"echo '# edited meanwhile' >>{site_packages.gpt_step}; {probe_says()}"
+        python = fake_python(tmp_path, "python-while-edited", edits)
+        refused(cli("apply", "--python", python, site_packages.root), 5, "changed while the patch was verified")
+        text = site_packages.gpt_step.read_text()
+        assert text.endswith("# edited meanwhile\n") and 'forward_args["loss_mask"]' not in text
 
     def test_source_hunk_only(self, cli, site_packages, patched_gpt_step):
         assert cli("apply", "--no-verify", site_packages.root).returncode == 0
@@ -120,7 +130,7 @@ class TestApplySitePackages:
 
 
 ROLLED_BACK = {"checked": "nothing changed", "journaled": "rolled back", "replaced": "rolled back"}
-ROLLED_BACK |= {"verifying": "rolled back", "verified": "rolled back"}
+ROLLED_BACK |= {"verifying": "nothing changed", "verified": "nothing changed"}  # the new bytes are verified aside
 INT, TERM, HUP = signal.SIGINT, signal.SIGTERM, signal.SIGHUP
 # Each phase once, each signal at several phases, all three where the files are patched but not yet verified.
 SIGNAL_CASES = [("checked", INT), ("journaled", TERM), ("replaced", INT), ("replaced", TERM), ("replaced", HUP)]
@@ -138,7 +148,7 @@ class TestSignals:
         if phase == "verifying":  # the probe is running: an interpreter that says so, then takes its time
             python = fake_python(tmp_path, "python-slow", f"touch {tmp_path}/paused-verifying; exec sleep 3600")
         else:
-            python = probe_ok(site_packages.root)
+            python = probe_ok()
         proc = start_paused(tool_env, tmp_path, phase, "apply", "--python", python, site_packages.root)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=600)
@@ -172,6 +182,7 @@ class TestKilled:
 
     @pytest.mark.parametrize(("phase", "state"), [("journaled", "as before"), ("replaced", "patched, not verified")])
     def test_check_verify_then_apply(self, cli, tool_env, tmp_path, refused, snapshot, site_packages, phase, state):
+        """What was undone is said as it was: "put back" only where the bytes were not as before."""
         before = snapshot(site_packages.root)
         proc = start_paused(tool_env, tmp_path, phase, "apply", "--no-verify", site_packages.root)
         proc.kill()
@@ -182,7 +193,9 @@ class TestKilled:
         refused(cli("verify", site_packages.root), 5, "an interrupted run left")
         result = cli("apply", "--no-verify", site_packages.root)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.startswith(f"{site_packages.root}: put back what an interrupted run left")
+        put_back = "put back megatron/bridge/training/gpt_step.py, " if state != "as before" else ""
+        undone = f"undid what an interrupted run left: {put_back}removed {JOURNAL}\n"
+        assert result.stdout.startswith(f"{site_packages.root}: {undone}{site_packages.root}: applied (")
         assert "already applied" in verdict(cli("check", site_packages.root), 3)
         assert {p for p in snapshot(site_packages.root) if before.get(p) != snapshot(site_packages.root)[p]} == {
             str(site_packages.gpt_step)
@@ -262,7 +275,7 @@ class TestTemporaryFolders:
         """12 kills anywhere in an apply that verifies (a probe of 0.2 s), each followed by apply and revert."""
         env, before = dict(tool_env, TMPDIR=str(tmp_path / "tmpdir")), snapshot(site_packages.root)
         (tmp_path / "tmpdir").mkdir()
-        python, moments = probe_ok(site_packages.root, seconds=0.2), random.Random(6103)
+        python, moments = probe_ok(seconds=0.2), random.Random(6103)
         apply = [sys.executable, "-m", "mtp_mask_fix", "apply", "--python", python, site_packages.root]
         for _ in range(12):
             proc = subprocess.Popen(apply, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -355,7 +368,10 @@ class TestJournal:
         root = killed(PINNED_RELEASE)
         result = cli("revert", root)
         assert (result.returncode, result.stderr) == (0, "")
-        assert result.stdout.startswith(f"{root}: put back what an interrupted run left")
+        undone = (
+            f"undid what an interrupted run left: put back megatron/bridge/training/gpt_step.py, removed {JOURNAL}"
+        )
+        assert result.stdout.startswith(f"{root}: {undone}\n")
         assert "the next `apply` or `revert`" not in result.stdout  # done already, not a step still to take
         assert result.stdout.endswith("the patch is not applied: the files are as before it\n")
         assert (root / "megatron/bridge/training/gpt_step.py").read_bytes() == (
@@ -386,31 +402,62 @@ class TestJournal:
 class TestOneWriterAtATime:
     """Every rank of a job runs `apply || exit 1` at start-up, on one target."""
 
-    @pytest.mark.parametrize("ranks, verified", [(16, False), (8, True)], ids=["16 unverified", "8 verified"])
-    def test_ranks_that_start_at_once(self, tool_env, tmp_path, site_packages, patched_gpt_step, ranks, verified):
-        """Every rank exits 0, one writes, the others find the fix; those verify side by side (each of their
-        probes waits until another has started, or the writer's journal is there); no fixed wait."""
-        log = tmp_path / "probes.log"
-        found = f'{{"file": "{site_packages.gpt_step}", "delivered": true, "reason": "fake probe"}}'
-        beside = f"until [ -e {site_packages.root / JOURNAL} ] || [ $(grep -c . {log}) -ge 2 ]; do sleep 0.01; done"
-        python = fake_python(tmp_path, "python", f"echo $$ >>{log}; timeout 600 sh -c '{beside}'; echo '{found}'")
-        verify = ["--python", python] if verified else ["--no-verify"]
-        apply = [sys.executable, "-m", "mtp_mask_fix", "apply", *verify, site_packages.root]
+    def test_ranks_that_start_at_once(self, tool_env, tmp_path, site_packages, patched_gpt_step):
+        """16 ranks `apply --no-verify` at once: every rank exits 0, one writes, the others find the fix."""
+        apply = [sys.executable, "-m", "mtp_mask_fix", "apply", "--no-verify", site_packages.root]
         procs = [
             subprocess.Popen(
                 apply, env=tool_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
             )
-            for _ in range(ranks)
+            for _ in range(16)
         ]
         runs = [(proc.communicate(timeout=600), proc.returncode) for proc in procs]
-        assert [code for _, code in runs] == [0] * ranks, [err for (_, err), _ in runs]
+        assert [code for _, code in runs] == [0] * 16, [err for (_, err), _ in runs]
         said = sorted(out.split(": ", 1)[1].split(" (")[0] for (out, _), _ in runs)
-        assert said == ["already fixed"] * (ranks - 1) + ["applied"]
-        assert all(("verified with" in out) == verified for (out, _), _ in runs)
-        waiting = f"mtp-mask-fix: waiting for the lock on {site_packages.root}, which another process holds"
-        assert all(line == waiting for (_, err), _ in runs for line in err.splitlines()), [err for (_, err), _ in runs]
+        assert said == ["already fixed"] * 15 + ["applied"]
+        waiting = f"mtp-mask-fix: waiting for the lock on {site_packages.root}, which another process holds\n"
+        assert all(err in ("", waiting) for (_, err), _ in runs), [err for (_, err), _ in runs]
         assert site_packages.gpt_step.read_text() == patched_gpt_step
         assert not list(site_packages.root.rglob(f"*{JOURNAL}*")) and not list(site_packages.root.rglob("*.tmp"))
+
+    def test_a_slow_interpreter_keeps_no_rank_waiting(self, tool_env, tmp_path, site_packages, patched_gpt_step):
+        """8 ranks, each probe as slow as the others': no lock is held for one, so each starts while the others run
+        (none answers before all 8 have started), and no rank waits for another's probe; each rank that waited for
+        the start's lock (held by the test until every rank has said it waits) says so once."""
+        ranks, log, held = 8, tmp_path / "probes.log", os.open(site_packages.root, os.O_RDONLY)
+        all_started = f"until [ $(grep -c . {log}) -ge {ranks} ]; do sleep 0.01; done"
+        python = fake_python(tmp_path, "python", f"echo $$ >>{log}; timeout 600 sh -c '{all_started}'; {probe_says()}")
+        apply = [
+            sys.executable,
+            "-m",
+            "mtp_mask_fix",
+            "apply",
+            "--wait",
+            "120",
+            "--python",
+            python,
+            site_packages.root,
+        ]
+        errs = [tmp_path / f"rank-{rank}.err" for rank in range(ranks)]
+        waiting = f"mtp-mask-fix: waiting for the lock on {site_packages.root}, which another process holds\n"
+        fcntl.flock(held, fcntl.LOCK_EX)  # another process writes: every rank waits, then all go at once
+        procs = [
+            subprocess.Popen(
+                apply, env=tool_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=err.open("w"), text=True
+            )
+            for err in errs
+        ]
+        try:
+            assert wait_until(lambda: all(err.read_text() == waiting for err in errs)), [e.read_text() for e in errs]
+        finally:
+            os.close(held)
+        runs = [(proc.communicate(timeout=600)[0], proc.returncode) for proc in procs]
+        assert [code for _, code in runs] == [0] * ranks, [err.read_text() for err in errs]
+        said = sorted(out.split(": ", 1)[1].split(" (")[0] for out, _ in runs)
+        assert said == ["already fixed"] * (ranks - 1) + ["applied"]
+        assert [err.read_text() for err in errs] == [waiting] * ranks  # once, though it took the lock more than once
+        assert len(log.read_text().split()) == ranks and site_packages.gpt_step.read_text() == patched_gpt_step
+        assert not list(site_packages.root.rglob(f"*{JOURNAL}*"))
 
     def test_a_reader_does_not_keep_apply_from_finding_the_fix(self, cli, probe_ok, site_packages):
         """A verify (or check) holding the reader's lock: an apply that finds the fix verifies beside it."""
@@ -418,7 +465,7 @@ class TestOneWriterAtATime:
         held = os.open(site_packages.root, os.O_RDONLY)
         try:
             fcntl.flock(held, fcntl.LOCK_SH)
-            result = cli("apply", "--wait", "0.5", "--python", probe_ok(site_packages.root), site_packages.root)
+            result = cli("apply", "--wait", "0.5", "--python", probe_ok(), site_packages.root)
         finally:
             os.close(held)
         assert (result.returncode, result.stderr) == (0, "") and "already fixed" in result.stdout
@@ -439,6 +486,33 @@ class TestOneWriterAtATime:
     @pytest.mark.parametrize("wait", ["-1", "soon", "nan"])
     def test_a_wait_that_is_no_number_of_seconds(self, cli, refused, site_packages, wait):
         refused(cli("apply", "--no-verify", "--wait", wait, site_packages.root), 2, "not a number of seconds")
+
+
+class TestOutput:
+    """What the tool prints: only what it did."""
+
+    def test_an_unreadable_journal_is_removed_not_put_back(self, cli, site_packages, patched_gpt_step):
+        (site_packages.root / JOURNAL).write_text("{not json")
+        result = cli("apply", "--no-verify", site_packages.root)
+        assert (result.returncode, result.stderr) == (0, "")
+        assert result.stdout.splitlines() == [
+            f"{site_packages.root}: undid what an interrupted run left: removed {JOURNAL}",
+            f"{site_packages.root}: applied (source hunks only, {PATCH_FILE})",
+        ]
+        assert site_packages.gpt_step.read_text() == patched_gpt_step
+
+    def test_a_closed_stdout_is_no_traceback(self, tool_env, monkeypatch, capsys, site_packages, patched_gpt_step):
+        """`mtp-mask-fix apply | head` where head has gone: the work is done, and its exit code is the command's."""
+        read, write = os.pipe()
+        os.close(read)
+        monkeypatch.setattr(sys, "stdout", os.fdopen(write, "w"))
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        with pytest.raises(SystemExit) as done:
+            tool_main(["apply", "--no-verify", str(site_packages.root)])
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # the tool blocks signals once its outcome stands
+        assert done.value.code == 0 and capsys.readouterr().err == ""
+        assert site_packages.gpt_step.read_text() == patched_gpt_step
+        sys.stdout.close()
 
 
 class TestStartUp:
@@ -482,8 +556,8 @@ class TestStartUp:
 
     @pytest.mark.slow  # a probe that imports torch: `./run test --all`
     def test_the_probe_ends_with_a_killed_apply(self, cli, tool_env, tmp_path, site_packages):
-        """kill -9 of apply while its probe imports Megatron-Bridge: the probe goes too, and the next apply puts
-        back what was left."""
+        """kill -9 of apply while its probe imports Megatron-Bridge: the probe goes too; the new bytes were verified
+        aside, so nothing was written, and the next apply applies."""
         pid_file = tmp_path / "probe.pid"
         (site_packages.root / "megatron/bridge/__init__.py").write_text(
             f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
@@ -503,7 +577,7 @@ class TestStartUp:
             os.kill(probe, signal.SIGKILL)
             pytest.fail("the probe outlived its apply")
         result = cli("apply", "--no-verify", site_packages.root)
-        assert result.stdout.startswith(f"{site_packages.root}: put back what an interrupted run left"), result.stderr
+        assert result.stdout == f"{site_packages.root}: applied (source hunks only, {PATCH_FILE})\n", result.stderr
 
 
 PINNED_RELEASE = "0.6.2"  # a release whose files the journal tests install, and 0.5.1 as the other one

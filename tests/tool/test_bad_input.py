@@ -3,9 +3,13 @@
 Each case of the table makes its input in a fresh tmp_path (a target, a damaged patch, an interpreter), then runs one
 command line; the table is every refusal a user can meet before the tool has written anything."""
 
+import errno
 import json
+import os
+import shutil
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,7 @@ from tests.support.targets import CONTEXT, REGION_EDIT, UPSTREAM_TEST, fake_pyth
 
 
 JOURNAL = ".mtp-mask-fix-journal.json"
+READ_ONLY = "is read-only or not yours to write"  # one sentence, by its mode or by its mount
 
 
 @dataclass
@@ -45,7 +50,8 @@ CASES = {
     ),
     "a read-only test file": Case("git", "read-only test", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
     "a read-only folder": Case("installed", "read-only folder", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
-    "a read-only TARGET": Case("installed", "read-only root", ("apply", "--no-verify", "TARGET"), 2, ("read-only",)),
+    "a read-only TARGET": Case("installed", "read-only root", ("apply", "--no-verify", "TARGET"), 2, (READ_ONLY,)),
+    "a read-only mount": Case("installed", "read-only mount", ("apply", "--no-verify", "TARGET"), 2, (READ_ONLY,)),
     "a journal that is a folder": Case("installed", "journal folder", ("verify", "TARGET"), 2, ("is not a file",)),
     "no git on PATH": Case("git", "no git", ("check", "TARGET"), 2, ("git is not on PATH",)),
     # the interpreter
@@ -73,14 +79,24 @@ CASES = {
         "installed",
         "python no format",
         ("verify", "--python", "PY", "TARGET"),
-        5,
-        ("running {PY}: Exec format error; nothing changed",),
+        2,
+        ("running {PY}: Exec format error",),
+    ),
+    "a program that is not Python": Case(
+        "installed", "python ls", ("verify", "--python", "PY", "TARGET"), 2, ("--python {PY} is not a Python",)
+    ),
+    "a program that is not Python, to verify a write": Case(
+        "installed", "python ls", ("apply", "--python", "PY", "TARGET"), 2, ("is not a Python",)
     ),
     "an interpreter without torch": Case(
         "installed", "python no torch", ("verify", "--python", "PY", "TARGET"), 5, ("not verified with {PY}", "torch")
     ),
     "an interpreter that prints junk": Case(
-        "installed", "python hello", ("verify", "--python", "PY", "TARGET"), 5, ("not verified with {PY}", "hello")
+        "installed",
+        "python hello",
+        ("verify", "--python", "PY", "TARGET"),
+        2,
+        ("--python {PY} is not a Python", "hello"),
     ),
     # the command line
     "an unknown command": Case("installed", "", ("frobnicate",), 2, ("invalid choice: 'frobnicate'",)),
@@ -96,7 +112,7 @@ CASES = {
 
 
 @pytest.fixture
-def broken(request, tmp_path, edit):
+def broken(request, tmp_path, edit, monkeypatch):
     """The case's target, broken as it says; returns (target root, the interpreter, extra env)."""
     case = CASES[request.node.callspec.params["name"]]
     tree = request.getfixturevalue(
@@ -127,6 +143,19 @@ def broken(request, tmp_path, edit):
         tree.gpt_step.parent.chmod(0o555)
     elif what == "read-only root":
         root.chmod(0o555)
+    elif what == "read-only mount":  # as a read-only bind mount answers: writable by its mode, EROFS to a write
+        inside, access, unlink = (
+            lambda path: Path(path).resolve().is_relative_to(root.resolve()),
+            os.access,
+            Path.unlink,
+        )
+        read_only = OSError(errno.EROFS, os.strerror(errno.EROFS))
+        monkeypatch.setattr(
+            os, "access", lambda path, mode: not (mode & os.W_OK and inside(path)) and access(path, mode)
+        )
+        monkeypatch.setattr(
+            Path, "unlink", lambda path, **kw: unlink(path, **kw) if not inside(path) else _raise(read_only)
+        )
     elif what == "journal folder":
         (root / JOURNAL).mkdir()
     elif what == "no git":
@@ -137,6 +166,8 @@ def broken(request, tmp_path, edit):
         python = fake_python(tmp_path, "python", "echo /")
     elif what == "python no torch":
         python = fake_python(tmp_path, "python", "echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1")
+    elif what == "python ls":
+        python = Path(shutil.which("ls"))
     elif what == "python hello":
         python = fake_python(tmp_path, "python", "echo hello")
     elif what == "python not executable":
@@ -155,14 +186,20 @@ def broken(request, tmp_path, edit):
             path.chmod(0o755)
 
 
+def _raise(error: OSError):
+    raise error
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_refused_in_one_line_and_nothing_changed(cli, tool_env, refused, snapshot, tmp_path, broken, name):
     case, (root, python, env) = CASES[name], broken
     places = {"TARGET": str(root), "PY": str(python)}
     argv = [places.get(arg, arg) for arg in case.argv]
     before = snapshot(tmp_path, PATCHES)
-    refused(cli(*argv, env=dict(tool_env, **env)), case.code, *(word.format(**places) for word in case.words))
+    line = refused(cli(*argv, env=dict(tool_env, **env)), case.code, *(word.format(**places) for word in case.words))
     assert snapshot(tmp_path, PATCHES) == before
+    if case.breaks.startswith("python"):  # a line a person reads at once, the paths made here aside
+        assert len(line.replace(str(tmp_path), "")) < 200, line
 
 
 class TestNotRefused:
@@ -179,7 +216,7 @@ class TestNotRefused:
         checked = cli("check", site_packages.root)
         assert (checked.returncode, checked.stderr) == (2, "") and "gpt_step.py is a symlink" in checked.stdout
         refused(cli("apply", "--no-verify", site_packages.root), 2, "gpt_step.py is a symlink")
-        assert cli("verify", "--python", probe_ok(site_packages.root), site_packages.root).returncode == 0
+        assert cli("verify", "--python", probe_ok(), site_packages.root).returncode == 0
         assert snapshot(site_packages.root, real) == before
 
     def test_a_symlinked_gpt_step_that_is_already_fixed(self, cli, tmp_path, site_packages):

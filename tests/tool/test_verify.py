@@ -145,7 +145,9 @@ class TestVerdicts:
         ids=["no-torch", "a-forward-step-it-cannot-drive"],
     )
     def test_a_probe_that_cannot_run_says_why(self, cli, refused, tmp_path, site_packages, stderr, said):
-        python = fake_python(tmp_path, "python", f'echo "{stderr}" >&2; exit 1')
+        """As Python says it: a traceback, its last line the error."""
+        trace = "Traceback (most recent call last):"
+        python = fake_python(tmp_path, "python", f'echo "{trace}" >&2; echo "{stderr}" >&2; exit 1')
         line = refused(cli("verify", "--python", python, site_packages.root), 5, stderr, said)
         assert f"not verified with {python}: " in line
 
