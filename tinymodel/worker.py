@@ -145,17 +145,39 @@ def _world() -> int:
 
 def bench(args) -> dict:
     """Forward+backward step times, wall and CPU, of the mtp_num_layers=1 model at --hidden on an SFT batch of --seq
-    positions (after 3 warm-up steps)."""
+    positions (after 3 warm-up steps). Under `mtp-mask-fix watch`, steps alternate with watch's wrappers in place and
+    taken out, so that the ratio of each pair's CPU times is the cost of watching a step, whatever the process."""
     cpu_runtime.init_distributed(tensor_parallel=_world())
     model = gpt.build_model(1, hidden=args.hidden, max_seq=args.seq)
     batch = gpt.make_sft_batch(((args.seq // 2, args.seq // 4), (args.seq - 20, 21), (8, 4)), seq=args.seq)
-    times = []
-    for _ in range(args.steps + 3):
-        start = time.perf_counter(), time.process_time()
-        gpt.run_step(model, batch, record=False)
-        times.append((time.perf_counter() - start[0], time.process_time() - start[1]))
-    wall, cpu = zip(*times[3:])
-    return {"steps": args.steps, "median_step_s": statistics.median(wall), "median_step_cpu_s": statistics.median(cpu)}
+    wrapped = _wrapped()
+    times = {True: [], False: []}  # watched (or unwatched: no wrappers), with the wrappers taken out
+    for step in range(args.steps + 3):
+        for on in (step % 2 == 0, step % 2 == 1) if wrapped else (True,):
+            for (owner, name), function in wrapped.items():
+                setattr(owner, name, function if on else function.__wrapped__)
+            start = time.perf_counter(), time.process_time()
+            gpt.run_step(model, batch, record=False)
+            times[on].append((time.perf_counter() - start[0], time.process_time() - start[1]))
+    wall, cpu = zip(*times[True][3:])
+    payload = {
+        "steps": args.steps,
+        "median_step_s": statistics.median(wall),
+        "median_step_cpu_s": statistics.median(cpu),
+    }
+    if wrapped:
+        pairs = [on[1] / off[1] for on, off in zip(times[True][3:], times[False][3:])]
+        payload["paired_cpu_ratio"] = statistics.median(pairs)
+    return payload
+
+
+def _wrapped() -> dict:
+    """What `mtp-mask-fix watch` wrapped in this process where GPTModel reaches it: (owner, name) -> the wrapper."""
+    import megatron.core.models.gpt.gpt_model as gpt_model
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    places = ((gpt_model, "process_mtp_loss"), (LanguageModule, "__call__"))
+    return {place: getattr(*place) for place in places if hasattr(getattr(*place), "__wrapped__")}
 
 
 def pipeline(args) -> dict:
