@@ -30,10 +30,14 @@ class TestGate:
         assert "pytest sessions" not in result.stderr
 
     def test_drifted_upstream(self, maintain, cli, edit, checkout):
+        """A checkout whose gpt_step.py moved on: exit 4, DRIFTED, and the line where it departs from the hunk."""
         edit(checkout, checkout.gpt_step, '        "attention_mask": attention_mask,\n', "        # moved on\n")
         result = maintain("gate", "--checkouts-only", "--checkout", checkout.root)
         assert result.returncode == 4, result.stdout + result.stderr
-        assert "DRIFTED" in result.stdout and "patch failed" in result.stdout
+        (row,) = [line for line in result.stdout.splitlines() if line.startswith(str(checkout.root))]
+        assert row.split()[-1] == "DRIFTED"
+        assert "gpt_step.patch does not apply" in result.stdout and "gpt_step.py:" in result.stdout
+        assert "`# moved on`" in result.stdout
 
     def test_a_checkout_is_judged_at_head_not_its_working_tree(self, maintain, cli, git, checkout):
         """gate measures HEAD: upstream holds the fix there, whatever the working tree holds (here, the fix undone)."""
