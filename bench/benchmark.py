@@ -112,6 +112,7 @@ def ratios(rounds: int, steps: int) -> None:
         found = {
             f"{pair} ({clock})": [] for pair in ("patched/unpatched", "watched/patched") for clock in ("wall", "CPU")
         }
+        paired = []  # per round, the median CPU ratio of the watched process's steps with and without the wrappers
         shape = ("--steps", str(max(3, steps // share)), "--hidden", str(hidden), "--seq", str(seq))
         for round_ in range(rounds):
             order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]  # each arm first in turn
@@ -127,9 +128,8 @@ def ratios(rounds: int, steps: int) -> None:
                 for arm in arms
             )
             print(f"hidden {hidden} on {seq} positions, round {round_ + 1}: " + ", ".join(times), flush=True)
-            found.setdefault("watched/unwatched paired in one process (CPU)", []).append(
-                step["watched"]["paired_cpu_ratio"]
-            )
+            paired.append(step["watched"]["paired_cpu_ratio"])
+        found["watched/unwatched paired in one process (CPU)"] = paired
         for name, values in found.items():
             median = statistics.median(values)
             print(
