@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from maintain.envs import stage_core, uv
+from maintain.envs.stage import stage_core, uv
 from maintain.redgreen import Job, Outcome, Run, problems, run_many
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
