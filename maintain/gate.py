@@ -16,7 +16,8 @@ from enum import Enum
 from pathlib import Path
 
 from maintain.envs.stage import stage_core, uv
-from maintain.redgreen import Job, Outcome, Run, problems, run_many
+from maintain.redgreen.client import Job, run_many
+from maintain.redgreen.contract import Outcome, Run, problems
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
 from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
