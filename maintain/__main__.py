@@ -28,11 +28,8 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 def commands() -> list[tuple[str, str, str]]:
     """(usage, what it does, who has it) for the tool's commands, then this clone's."""
-    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    helps = {action.dest: action.help for action in sub._choices_actions}
-    rows = [
-        (_usage(parser), helps[name], "the tool: installed, or `./run NAME`") for name, parser in sub.choices.items()
-    ]
+    tool = cli.build_parser().commands.choices  # each command's parser, described by its help
+    rows = [(_usage(parser), parser.description, "the tool: installed, or `./run NAME`") for parser in tool.values()]
     rows += [
         (_usage(module.parser()), module.parser().description, "this clone")
         for module in (gate, branch, refresh, view)
