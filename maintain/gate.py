@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from maintain.envs.stage import stage_core, uv
+from maintain.envs.make import stage_core, uv
 from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome, Run, problems
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release

@@ -9,8 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from maintain.envs.make import checkout_environment, line_environment
 from maintain.envs.spec import checkout_spec, spec
-from maintain.envs.sync import checkout_environment, line_environment
 from maintain.repo import REPO
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.signals import Interrupted, guard

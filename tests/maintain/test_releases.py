@@ -250,12 +250,12 @@ class TestEnvironmentSetUp:
     def torch_at(self, tmp_path, monkeypatch):
         """pyproject.toml's torch source moved into tmp_path, and pip told to read no configuration but a find-links
         folder of tmp_path (PIP_NO_INDEX: nothing from the network)."""
-        import maintain.envs.stage
+        import maintain.envs.make
 
-        project = maintain.envs.stage.project()
+        project = maintain.envs.make.project()
         wheel = tmp_path / "dists" / project["tool"]["uv"]["sources"]["torch"]["path"].rpartition("/")[2]
         project["tool"]["uv"]["sources"]["torch"]["path"] = str(wheel)
-        monkeypatch.setattr(maintain.envs.stage, "project", lambda: project)
+        monkeypatch.setattr(maintain.envs.make, "project", lambda: project)
         (tmp_path / "links").mkdir()
         for name, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(tmp_path / "links")}.items():
             monkeypatch.setenv(name, value)
@@ -263,7 +263,7 @@ class TestEnvironmentSetUp:
         return wheel
 
     def test_torch_comes_from_the_machines_own_package_sources(self, torch_at, tmp_path):
-        from maintain.envs.stage import stage_torch
+        from maintain.envs.make import stage_torch
 
         _, version = torch_at.name.split("-")[:2]
         _wheel(tmp_path / "links" / torch_at.name, "torch", version)
@@ -272,7 +272,7 @@ class TestEnvironmentSetUp:
 
     def test_no_torch_anywhere_is_one_line(self, torch_at, capsys):
         """Not among the machine's sources nor (PIP_NO_INDEX) on PyTorch's index: one line, nothing staged."""
-        from maintain.envs.stage import TORCH_INDEX, stage_torch
+        from maintain.envs.make import TORCH_INDEX, stage_torch
         from mtp_mask_fix.errors import ToolError
 
         with pytest.raises(ToolError, match=r"^torch==2\.13\.0\+cpu: not downloadable") as refused:
@@ -287,7 +287,7 @@ class TestEnvironmentSetUp:
         import io
         import json
 
-        import maintain.envs.stage
+        import maintain.envs.make
         from mtp_mask_fix.errors import ToolError
 
         sdist, data = "megatron_core-0.99.0.tar.gz", b"the sdist"
@@ -299,16 +299,16 @@ class TestEnvironmentSetUp:
 
         def urlopen(request, timeout):
             url = getattr(request, "full_url", request)
-            return io.BytesIO(json.dumps(page).encode() if url == maintain.envs.stage.CORE_INDEX else served.encode())
+            return io.BytesIO(json.dumps(page).encode() if url == maintain.envs.make.CORE_INDEX else served.encode())
 
-        monkeypatch.setattr(maintain.envs.stage, "DISTS", tmp_path / "dists")
-        monkeypatch.setattr(maintain.envs.stage.urllib.request, "urlopen", urlopen)
+        monkeypatch.setattr(maintain.envs.make, "DISTS", tmp_path / "dists")
+        monkeypatch.setattr(maintain.envs.make.urllib.request, "urlopen", urlopen)
         if served == "the sdist":
-            maintain.envs.stage.stage_core("0.99.0")
+            maintain.envs.make.stage_core("0.99.0")
             assert (tmp_path / "dists" / sdist).read_bytes() == data
         else:
             with pytest.raises(ToolError, match=f"^{sdist}: the download does not match the sha256"):
-                maintain.envs.stage.stage_core("0.99.0")
+                maintain.envs.make.stage_core("0.99.0")
             assert not (tmp_path / "dists").exists() or not list((tmp_path / "dists").iterdir())
 
     def test_a_lines_project_is_this_one_with_its_pins(self, upstream_tree):
@@ -316,9 +316,8 @@ class TestEnvironmentSetUp:
         names, the same [tool.uv] with absolute paths; a checkout's core from its tree, of the version it names."""
         import tomllib
 
+        from maintain.envs.make import _line_project, project
         from maintain.envs.spec import Spec
-        from maintain.envs.stage import project
-        from maintain.envs.sync import _line_project
         from maintain.repo import REPO
 
         root = project()
@@ -346,8 +345,8 @@ class TestEnvironmentSetUp:
         resolves a transformers 4.1x, whose tokenizers builds only from source."""
         import tomllib
 
+        from maintain.envs.make import _line_project
         from maintain.envs.spec import Spec
-        from maintain.envs.sync import _line_project
 
         lines = {"transformers<5.0.0": ["huggingface-hub<1.0"], "transformers<=5.3.0,>=5.0.0": []}
         for transformers, wanted in (lines | {"transformers<5.9.0,>=5.8.1": [], "transformers<=5.3.0": []}).items():
