@@ -73,15 +73,10 @@ def _session(session: Session, warmed: str) -> None:
     pytest.main([*PYTEST, *options, *session.args])
 
 
-def _sessions() -> list[Session]:
-    """The sessions on stdin (none: the suite that started the runner has ended)."""
-    return [Session(**session) for session in json.loads(sys.stdin.read() or "[]")]
-
-
-def main() -> None:
-    """Warm up, read the sessions, and run them, as many at once as there are cores."""
+if __name__ == "__main__":  # the runner: each Session on stdin is one pytest session, in a fork
     early = sys.argv[1:2]  # a Megatron-Bridge tree to warm from before the sessions come; they test that module
-    sessions = [] if early else _sessions()
+    stdin = [] if early else json.loads(sys.stdin.read() or "[]")  # nothing: the suite that started it has ended
+    sessions = [Session(**session) for session in stdin]
     bridge = all(session.module == GPT_STEP_MODULE for session in sessions)
     for module in WARM if bridge else ("torch",):  # what the environment lacks is skipped (core < 0.17: no training)
         if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
@@ -89,7 +84,7 @@ def main() -> None:
     warmed = (early or [session.tree for session in sessions] or [None])[0]
     if warmed and bridge:
         _warm_bridge(warmed)
-    sessions = _sessions() if early else sessions
+    sessions = [Session(**session) for session in json.loads(sys.stdin.read() or "[]")] if early else sessions
     parallel = os.cpu_count() or 1
     fork = multiprocessing.get_context("fork")  # not a Pool: it waits forever on a worker that died
     pending, running = [fork.Process(target=_session, args=(session, warmed)) for session in sessions], []
@@ -99,7 +94,3 @@ def main() -> None:
             running[-1].start()
         multiprocessing.connection.wait([process.sentinel for process in running])
         running = [process for process in running if process.is_alive()]
-
-
-if __name__ == "__main__":
-    main()
