@@ -1,9 +1,6 @@
 """`./run python VERSION|DIR`: a test environment synced (one `uv sync`), its interpreter printed; .venv without one.
 
-A line's environment is a project generated from pyproject.toml's dev group with the line's megatron-core (lines.toml,
-or the commit a checkout pins for its submodule), transformers and datasets, starting from uv.lock's versions, so that
-it differs from .venv only where its pins make it. CONTRIBUTING.md says where torch and megatron-core's sdist come from.
-"""
+How they are made: CONTRIBUTING.md, "One source of truth"."""
 
 import argparse
 import sys

@@ -1,4 +1,5 @@
-"""What each test environment holds: its key (its folder under .work/envs) and its requirements."""
+"""What each test environment holds: its key (its folder under .work/envs) and its requirements, .venv's dev group but
+for the line's megatron-core (lines.toml, or the commit a checkout pins for its submodule), transformers and datasets."""
 
 import re
 import shutil
