@@ -6,6 +6,7 @@ import sys
 
 from maintain import branch, gate, refresh, view
 from mtp_mask_fix import cli
+from mtp_mask_fix.signals import say
 
 
 RUN = [  # what ./run does itself, around the modules
@@ -49,9 +50,7 @@ def table() -> str:
     )
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--markdown"]:
-        print(table())
-    else:
-        print("./run NAME [ARGS]: this clone's commands and the tool's, in the environment ./run builds\n")
-        print("\n".join(f"  {usage}\n      {said}" for usage, said, _ in commands()))
+if __name__ == "__main__":  # said: a reader that has gone (`| head`) takes the rest without a traceback
+    head = "./run NAME [ARGS]: this clone's commands and the tool's, in the environment ./run builds\n"
+    listed = [f"  {usage}\n      {said}" for usage, said, _ in commands()]
+    say(table() if sys.argv[1:] == ["--markdown"] else "\n".join([head, *listed]), final=False)
