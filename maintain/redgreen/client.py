@@ -1,4 +1,4 @@
-"""Red/green's client: it asks the server, in the interpreter under test, for sessions and reads what they recorded."""
+"""Red/green's client: it asks the runner, in the interpreter under test, for sessions and reads what they recorded."""
 
 import json
 import os

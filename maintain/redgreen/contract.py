@@ -22,7 +22,7 @@ class Outcome(Enum):
 
 
 class Session(NamedTuple):
-    """What the server runs for one job: the file its outcomes go to, its tree, arguments, directory and module."""
+    """What the runner runs for one job: the file its outcomes go to, its tree, arguments, directory and module."""
 
     out: str
     tree: str
