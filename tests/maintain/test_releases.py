@@ -195,6 +195,15 @@ class TestReleaseEnvironments:
             f"mtp-mask-fix: error: {typo}: no such directory\n",
         )
 
+    def test_help_is_the_usage_not_a_release(self):
+        """`./run python --help` prints its usage; it is not looked up on the package index as a release."""
+        from maintain.repo import REPO
+
+        done = subprocess.run(
+            [sys.executable, "-m", "maintain.envs", "--help"], cwd=REPO, capture_output=True, text=True
+        )
+        assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith("usage: ./run python")
+
     def test_lines_toml_is_each_tags_submodule(self, upstream_checkout):
         bridge, lm = upstream_checkout, upstream_checkout / "3rdparty" / "Megatron-LM"
         for version, core in ((v, row["megatron-core"]) for v, row in release_lines().items() if row):
