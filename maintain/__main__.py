@@ -6,6 +6,7 @@ import sys
 
 from maintain import branch, gate, refresh, view
 from mtp_mask_fix import cli
+from mtp_mask_fix.signals import say
 
 
 RUN = [  # what ./run does itself, around the modules
@@ -28,11 +29,8 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 def commands() -> list[tuple[str, str, str]]:
     """(usage, what it does, who has it) for the tool's commands, then this clone's."""
-    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    helps = {action.dest: action.help for action in sub._choices_actions}
-    rows = [
-        (_usage(parser), helps[name], "the tool: installed, or `./run NAME`") for name, parser in sub.choices.items()
-    ]
+    tool = cli.build_parser().commands.choices  # each command's parser, described by its help
+    rows = [(_usage(parser), parser.description, "the tool: installed, or `./run NAME`") for parser in tool.values()]
     rows += [
         (_usage(module.parser()), module.parser().description, "this clone")
         for module in (gate, branch, refresh, view)
@@ -52,9 +50,7 @@ def table() -> str:
     )
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--markdown"]:
-        print(table())
-    else:
-        print("./run NAME [ARGS]: this clone's commands and the tool's, in the environment ./run builds\n")
-        print("\n".join(f"  {usage}\n      {said}" for usage, said, _ in commands()))
+if __name__ == "__main__":  # said: a reader that has gone (`| head`) takes the rest without a traceback
+    head = "./run NAME [ARGS]: this clone's commands and the tool's, in the environment ./run builds\n"
+    listed = [f"  {usage}\n      {said}" for usage, said, _ in commands()]
+    say(table() if sys.argv[1:] == ["--markdown"] else "\n".join([head, *listed]), final=False)

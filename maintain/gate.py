@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from maintain.envs import stage_core, uv
-from maintain.redgreen import Job, Outcome, Run, problems, run_many
+from maintain.envs.make import stage_core, uv
+from maintain.redgreen.client import Job, run_many
+from maintain.redgreen.contract import Outcome, Run, problems
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
 from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
@@ -36,6 +37,9 @@ class Standing(Enum):
     RETIRE = ("upstream has the fix: retire the patch", Exit.ALREADY_APPLIED)
     DRIFTED = ("DRIFTED", Exit.DRIFTED)
     FAIL = ("FAIL", Exit.FAILED)
+
+
+NOT_APPLYING = {Exit.ALREADY_APPLIED: Standing.RETIRE, Exit.DRIFTED: Standing.DRIFTED}  # by `check`'s exit; else FAIL
 
 
 @dataclass
@@ -58,20 +62,21 @@ class Row:
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
     """Sessions of `tests` on base, patched, and each source hunk left out (a tree left with none is the base)."""
     checkout = target.kind == Kind.CHECKOUT
-    src, strip = (None, 1) if checkout else (True, 2)
-    trees = [materialise(root, work / "base", patch, src=False, strip=1) if checkout else root]
+    strip = target.strip  # the tool's -p for the target, and so for its trees
+    src = None if checkout else True  # a checkout's trees take the patch's tests too
+    trees = [materialise(root, work / "base", patch, src=False, strip=strip) if checkout else root]
     for name, hunk in [("patched", None)] + [(f"without-{i}", h) for i, h in enumerate(_source_hunks(patch), 1)]:
         left = patch.part(src=True, leave_out=hunk)  # no source hunk left: the base tree
         trees.append(materialise(root, work / name, patch, src=src, leave_out=hunk, strip=strip) if left else trees[0])
     up = upstream_of(patch)
-    jobs = [
-        Job((*tests, *up.options), tree / "src", tree, up.module) if checkout else Job(tests, tree) for tree in trees
-    ]
+    roots = [Target(target.label, tree, target.kind).import_root for tree in trees]  # where each imports from
+    jobs = [Job((*tests, *up.options), r, t, up.module) if checkout else Job(tests, t) for t, r in zip(trees, roots)]
     return Row(target, patch, *jobs[:2], jobs[2:])
 
 
 def _source_hunks(patch: Patch) -> list[tuple[str, int]]:
-    return [(f.path, i) for f in patch.files if f.path.startswith("src/") for i in range(len(f))]
+    sources = patch.paths(src=True)
+    return [(f.path, i) for f in patch.files if f.path in sources for i in range(len(f))]
 
 
 def release_row(target: Target, patch: Patch) -> Row:
@@ -234,32 +239,46 @@ def evaluate(rows: list[Row], python: str) -> None:
         judge(row, runs)
 
 
-def gate(targets: list[Target], patches: list[Patch], python: str = sys.executable, rows=()) -> tuple[str, Exit]:
-    """Each target's state (on stderr), the sessions of those the patch applies to and of `rows`, the table, the exit."""
-    start, rows = time.monotonic(), list(rows)
+def checked(targets: list[Target], patches: list[Patch]) -> list[Row]:
+    """A row per target, its state printed on stderr: its sessions where the patch applies, else its standing."""
+    rows = []
     for target in targets:
         judged = at(target) if target.kind == Kind.CHECKOUT else target  # a checkout at HEAD, never its work tree
         verdict = check(judged, patches)
         print(f"[gate] {verdict}", file=sys.stderr)
-        if verdict.state == State.APPLIES and judged is target:
-            rows.append(release_row(target, verdict.patch))
-        elif verdict.state == State.APPLIES:
-            rows.append(checkout_row(target, verdict.patch, upstream=judged.root))  # the tree just judged
-        else:
-            fixed, drifted = verdict.state.code == Exit.ALREADY_APPLIED, verdict.state == State.DRIFTED
-            standing = Standing.RETIRE if fixed else Standing.DRIFTED if drifted else Standing.FAIL
+        if verdict.state != State.APPLIES:
+            standing = NOT_APPLYING.get(verdict.state.code, Standing.FAIL)
             rows.append(Row(target, verdict.patch, verdict=standing, notes=[str(verdict)]))
-    if sessions(rows):
-        print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
-        evaluate(rows, python)
+        elif judged is target:
+            rows.append(release_row(target, verdict.patch))
+        else:
+            rows.append(checkout_row(target, verdict.patch, upstream=judged.root))  # the tree just judged
+    return rows
+
+
+def table(rows: list[Row], *, seconds: float) -> str:
+    """The verdict table: a line per target, its notes below it, then how many and how long."""
     width = max(len(row.target.label) for row in rows)
     lines = [f"\n{'target':<{width}}  base: F2P red  patched: green  verdict"]
     for row in rows:
         lines += [f"{row.target.label:<{width}}  {row.red:>13}  {row.green:>14}  {row.verdict.value[0]}"]
         lines += [f"    {note}" for note in row.notes]
-        lines += [f"    not judged: {row.unjudged} other tests, which do not pass here unpatched"] * bool(row.unjudged)
-    lines += [f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s"]
-    return "\n".join(lines), max(row.verdict.value[1] for row in rows)  # exit codes grow with severity
+        if row.unjudged:
+            lines.append(f"    not judged: {row.unjudged} other tests, which do not pass here unpatched")
+    return "\n".join([*lines, f"\ngate: {len(rows)} targets, {seconds:.1f} s"])
+
+
+def exit_code(rows: list[Row]) -> Exit:
+    """The exit code of the most severe verdict (exit codes grow with severity)."""
+    return max(row.verdict.value[1] for row in rows)
+
+
+def gate(rows: list[Row], *, python: str, start: float) -> tuple[str, Exit]:
+    """Run the rows' sessions in `python` and judge them; the table (its time counted from `start`), the exit code."""
+    if sessions(rows):
+        print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
+        evaluate(rows, python)
+    return table(rows, seconds=time.monotonic() - start), exit_code(rows)
 
 
 def environment(target: Target) -> str:
@@ -291,8 +310,13 @@ def run(args) -> tuple[str, Exit]:
     for where in dict.fromkeys([sys.executable, *groups]):  # this process imports it too
         if subprocess.run([where, "-c", "import pytest"], capture_output=True).returncode != 0:
             raise ToolError(f"gate runs pytest, which {where} cannot import: pip install pytest")
-    done = [gate(targets, candidates(args.patch), where) for where, targets in groups.items()]
-    done += [gate([], [], python or sys.executable, megatron_lm_rows(megatron_lm))] if megatron_lm else []
+    done = []
+    for where, targets in groups.items():
+        start = time.monotonic()
+        done.append(gate(checked(targets, candidates(args.patch)), python=where, start=start))
+    if megatron_lm:
+        rows = megatron_lm_rows(megatron_lm)
+        done.append(gate(rows, python=python or sys.executable, start=time.monotonic()))
     return "\n".join(text for text, _ in done), max(code for _, code in done)  # exit codes grow with severity
 
 

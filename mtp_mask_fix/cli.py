@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
 
     def command(func, help, python):
-        p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help)
+        p = sub.add_parser(func.__name__.removeprefix("cmd_"), help=help, description=help)
         p.set_defaults(func=func)
         p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; default: what --python imports")
         p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
@@ -145,7 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--wait", **wait)
     command(cmd_verify, "exit 0 only if the batch's loss_mask reaches a model with MTP on", trains)
     command(cmd_status, "the patch's DEP-3 block, and whether TARGET still needs the patch", reads)
-    p = sub.add_parser("watch", help="run CMD as it is: does megatron-core's MTP loss train on what it assumes?")
+    said = "run CMD as it is: does megatron-core's MTP loss train on what it assumes?"
+    p = sub.add_parser("watch", help=said, description=said)
     p.set_defaults(func=watch.watch)
     p.add_argument("--strict", action="store_true", help="stop at the first call against it, naming its caller")
     p.add_argument("--steps", metavar="N", type=int, help="count each process's first N MTP loss calls only")

@@ -1,8 +1,8 @@
 """The suite's tiers, its options, and the order and background sessions it runs with.
 
 `./run test` is the push tier; `./run test --all` adds the tests marked `slow`. Every session records each test's
-outcome (maintain.redgreen), so that red/green holds what this session measured on the view against a session on the
-release as shipped. The sessions red/green and the wrong fixes need of other trees depend on nothing this session
+outcome (maintain.redgreen.plugin), so that red/green holds what this session measured on the view against a session on
+the release as shipped. The sessions red/green and the wrong fixes need of other trees depend on nothing this session
 does, so they run on the core the tool's tests leave idle: their runner starts before a whole tier is collected and
 imports the pinned release meanwhile, and they start once the suite is collected.
 """
@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from maintain.repo import WORK, pins, release
+from tests.support import sessions
 
 
-pytest_plugins = ["maintain.redgreen", "tests.support.targets"]
+pytest_plugins = ["maintain.redgreen.plugin", "tests.support.targets"]
 FIRST = "tests/tool/"
 LATER = "tests/tool/test_verify.py::TestReleaseLineRoute"  # each line's route, made in the background meanwhile
 LAST = ("tests/test_red_green.py", "tests/test_wrong_fixes.py")
@@ -42,8 +43,6 @@ def pytest_configure(config):
         path.unlink(missing_ok=True)
         config.option.outcomes = str(path)
         if _whole_suite(config):  # its runner imports the pinned release while this session collects
-            from tests.support import sessions  # here: importing redgreen before pytest_plugins would warn
-
             sessions.BATCH.warm(release(pins()["megatron-bridge"]).root)
 
 
@@ -55,8 +54,6 @@ def _whole_suite(config) -> bool:
 
 
 def pytest_sessionfinish(session):
-    from tests.support import sessions
-
     sessions.BATCH.close()
 
 
@@ -103,6 +100,4 @@ def pytest_collection_finish(session):
                 start(session)
             except Exception:  # e.g. drift, no network: the module's fixture meets it again, as its tests' error
                 continue
-        from tests.support import sessions  # here: importing redgreen before pytest_plugins would warn
-
         sessions.BATCH.start(pool)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from maintain.redgreen import Job, Run, problems, read_run, run_many
+from maintain.redgreen.client import Job, read_run, run_many
+from maintain.redgreen.contract import Run, problems
 from maintain.repo import REPO, VIEW, WORK, pins, release
 from maintain.trees import materialise
 from mtp_mask_fix.paths import PACKAGE, is_gpt_step_of

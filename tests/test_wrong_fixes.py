@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from maintain.gate import checkout_row
-from maintain.redgreen import Job, Outcome, run_many
+from maintain.redgreen.client import Job, run_many
+from maintain.redgreen.contract import Outcome
 from maintain.repo import VIEW, WORK, checkout
 from maintain.trees import materialise
 from mtp_mask_fix.patch import Patch

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from maintain.gate import Row, at, judge, touched_tests
-from maintain.redgreen import PYTEST, Job, Outcome, Run, read_run
+from maintain.redgreen.client import Job, read_run
+from maintain.redgreen.contract import PYTEST, Outcome, Run
 from maintain.refresh import build
 from maintain.repo import REPO, WORK, megatron_lm_checkout
 from maintain.trees import materialise

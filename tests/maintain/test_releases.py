@@ -72,9 +72,9 @@ class TestReleaseEnvironments:
     """Each release's tests run with the megatron-core its submodule pins and the transformers its wheel declares."""
 
     def test_pinned_release_uses_this_environment(self):
-        from maintain.envs import spec
+        from maintain.envs.spec import spec
 
-        assert spec(PINNED)[0] == ""
+        assert spec(PINNED).key == ""
 
     @pytest.mark.parametrize(
         ("version", "key"),
@@ -85,16 +85,16 @@ class TestReleaseEnvironments:
         ],
     )
     def test_older_lines_get_their_own(self, version, key):
-        from maintain.envs import spec
+        from maintain.envs.spec import spec
 
-        assert spec(version)[0] == key
+        assert spec(version).key == key
 
     @pytest.fixture
     def scratch_checkout(self, git, tmp_path, monkeypatch):
         """A scratch Megatron-Bridge checkout: (bridge, its submodule, the pinned commit); .work/src in tmp_path."""
-        import maintain.envs
+        import maintain.envs.spec
 
-        monkeypatch.setattr(maintain.envs, "WORK", tmp_path / "work")
+        monkeypatch.setattr(maintain.envs.spec, "WORK", tmp_path / "work")
         lm, bridge = tmp_path / "lm", tmp_path / "bridge"
         (lm / "megatron" / "core").mkdir(parents=True)
         (lm / "megatron" / "core" / "package_info.py").write_text("MAJOR = 0\nMINOR = 20\nPATCH = 0\n")
@@ -115,7 +115,7 @@ class TestReleaseEnvironments:
         """Upstream main's megatron-core is on no package index: `./run python DIR` builds it from the commit DIR
         pins, unpacked from git (not the submodule's working tree, with its local edits and stale build/), and keeps
         the transformers pin through its extras."""
-        from maintain.envs import checkout_spec
+        from maintain.envs.spec import checkout_spec
 
         bridge, source, commit = scratch_checkout
         (source / "megatron" / "core" / "uncommitted.py").write_text("")  # a local edit
@@ -140,7 +140,7 @@ class TestReleaseEnvironments:
     def test_an_upstream_checkout_off_its_pinned_core_is_refused(self, scratch_checkout, git, state):
         """Only the commit HEAD pins will do: the submodule moved on, or moved and staged (`git submodule status`
         would call that clean, as it compares with the index), or absent."""
-        from maintain.envs import checkout_spec
+        from maintain.envs.spec import checkout_spec
         from mtp_mask_fix.errors import ToolError
 
         bridge, source, _ = scratch_checkout
@@ -164,7 +164,7 @@ class TestReleaseEnvironments:
         ],
     )
     def test_a_broken_upstream_checkout_is_one_line(self, scratch_checkout, git, breakage, reason):
-        from maintain.envs import checkout_spec
+        from maintain.envs.spec import checkout_spec
         from mtp_mask_fix.errors import ToolError
 
         bridge, source, _ = scratch_checkout
@@ -194,6 +194,15 @@ class TestReleaseEnvironments:
             "",
             f"mtp-mask-fix: error: {typo}: no such directory\n",
         )
+
+    def test_help_is_the_usage_not_a_release(self):
+        """`./run python --help` prints its usage; it is not looked up on the package index as a release."""
+        from maintain.repo import REPO
+
+        done = subprocess.run(
+            [sys.executable, "-m", "maintain.envs", "--help"], cwd=REPO, capture_output=True, text=True
+        )
+        assert (done.returncode, done.stderr) == (0, "") and done.stdout.startswith("usage: ./run python")
 
     def test_lines_toml_is_each_tags_submodule(self, upstream_checkout):
         bridge, lm = upstream_checkout, upstream_checkout / "3rdparty" / "Megatron-LM"
@@ -242,7 +251,7 @@ class TestEnvironmentSetUp:
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         done = subprocess.run(
-            [sys._base_executable, "-S", "-c", "import maintain.envs"], cwd=REPO, env=env, capture_output=True
+            [sys._base_executable, "-S", "-c", "import maintain.envs.__main__"], cwd=REPO, env=env, capture_output=True
         )
         assert done.returncode == 0, done.stderr.decode()
 
@@ -250,12 +259,12 @@ class TestEnvironmentSetUp:
     def torch_at(self, tmp_path, monkeypatch):
         """pyproject.toml's torch source moved into tmp_path, and pip told to read no configuration but a find-links
         folder of tmp_path (PIP_NO_INDEX: nothing from the network)."""
-        import maintain.envs
+        import maintain.envs.make
 
-        project = maintain.envs.project()
+        project = maintain.envs.make.project()
         wheel = tmp_path / "dists" / project["tool"]["uv"]["sources"]["torch"]["path"].rpartition("/")[2]
         project["tool"]["uv"]["sources"]["torch"]["path"] = str(wheel)
-        monkeypatch.setattr(maintain.envs, "project", lambda: project)
+        monkeypatch.setattr(maintain.envs.make, "project", lambda: project)
         (tmp_path / "links").mkdir()
         for name, value in {"PIP_CONFIG_FILE": os.devnull, "PIP_FIND_LINKS": str(tmp_path / "links")}.items():
             monkeypatch.setenv(name, value)
@@ -263,7 +272,7 @@ class TestEnvironmentSetUp:
         return wheel
 
     def test_torch_comes_from_the_machines_own_package_sources(self, torch_at, tmp_path):
-        from maintain.envs import stage_torch
+        from maintain.envs.make import stage_torch
 
         _, version = torch_at.name.split("-")[:2]
         _wheel(tmp_path / "links" / torch_at.name, "torch", version)
@@ -272,7 +281,7 @@ class TestEnvironmentSetUp:
 
     def test_no_torch_anywhere_is_one_line(self, torch_at, capsys):
         """Not among the machine's sources nor (PIP_NO_INDEX) on PyTorch's index: one line, nothing staged."""
-        from maintain.envs import TORCH_INDEX, stage_torch
+        from maintain.envs.make import TORCH_INDEX, stage_torch
         from mtp_mask_fix.errors import ToolError
 
         with pytest.raises(ToolError, match=r"^torch==2\.13\.0\+cpu: not downloadable") as refused:
@@ -287,7 +296,7 @@ class TestEnvironmentSetUp:
         import io
         import json
 
-        import maintain.envs
+        import maintain.envs.make
         from mtp_mask_fix.errors import ToolError
 
         sdist, data = "megatron_core-0.99.0.tar.gz", b"the sdist"
@@ -299,16 +308,16 @@ class TestEnvironmentSetUp:
 
         def urlopen(request, timeout):
             url = getattr(request, "full_url", request)
-            return io.BytesIO(json.dumps(page).encode() if url == maintain.envs.CORE_INDEX else served.encode())
+            return io.BytesIO(json.dumps(page).encode() if url == maintain.envs.make.CORE_INDEX else served.encode())
 
-        monkeypatch.setattr(maintain.envs, "DISTS", tmp_path / "dists")
-        monkeypatch.setattr(maintain.envs.urllib.request, "urlopen", urlopen)
+        monkeypatch.setattr(maintain.envs.make, "DISTS", tmp_path / "dists")
+        monkeypatch.setattr(maintain.envs.make.urllib.request, "urlopen", urlopen)
         if served == "the sdist":
-            maintain.envs.stage_core("0.99.0")
+            maintain.envs.make.stage_core("0.99.0")
             assert (tmp_path / "dists" / sdist).read_bytes() == data
         else:
             with pytest.raises(ToolError, match=f"^{sdist}: the download does not match the sha256"):
-                maintain.envs.stage_core("0.99.0")
+                maintain.envs.make.stage_core("0.99.0")
             assert not (tmp_path / "dists").exists() or not list((tmp_path / "dists").iterdir())
 
     def test_a_lines_project_is_this_one_with_its_pins(self, upstream_tree):
@@ -316,7 +325,8 @@ class TestEnvironmentSetUp:
         names, the same [tool.uv] with absolute paths; a checkout's core from its tree, of the version it names."""
         import tomllib
 
-        from maintain.envs import Spec, _line_project, project
+        from maintain.envs.make import _line_project, project
+        from maintain.envs.spec import Spec
         from maintain.repo import REPO
 
         root = project()
@@ -344,7 +354,8 @@ class TestEnvironmentSetUp:
         resolves a transformers 4.1x, whose tokenizers builds only from source."""
         import tomllib
 
-        from maintain.envs import Spec, _line_project
+        from maintain.envs.make import _line_project
+        from maintain.envs.spec import Spec
 
         lines = {"transformers<5.0.0": ["huggingface-hub<1.0"], "transformers<=5.3.0,>=5.0.0": []}
         for transformers, wanted in (lines | {"transformers<5.9.0,>=5.8.1": [], "transformers<=5.3.0": []}).items():

@@ -1,12 +1,12 @@
 """The suite's background pytest sessions (red/green's base, the wrong-fix variants), batched into one
-`maintain.redgreen.run_many` call: one warm process imports the third-party stack once and forks every session, two
+`maintain.redgreen.client.run_many` call: one warm process imports the third-party stack once and forks every session, two
 at a time, instead of one warm process per module. Where a whole tier runs, tests/conftest.py starts that process
 before the suite is collected (it imports the pinned release meanwhile); modules add their jobs in `start_early`, and
 tests/conftest.py hands it the batch once every module has added its own."""
 
 from pathlib import Path
 
-from maintain.redgreen import Job, run_many, start_runner
+from maintain.redgreen.client import Job, run_many, start_runner
 
 
 class Batch:

@@ -1,0 +1,65 @@
+"""Red/green's contract: how a test ended, what a session is asked and what it showed, and what breaks the rule."""
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import NamedTuple
+
+
+# How each session loads the plugin that records its outcomes, whatever the tree's own configuration.
+PYTEST = ("-p", "maintain.redgreen.plugin", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--strict-markers")
+
+
+class Outcome(Enum):
+    """How a test ended. Only ASSERTION is red (SWE-bench's rule): no other failure proves a test catches the bug."""
+
+    PASSED = "passed"
+    ASSERTION = "failed by assertion"
+    OTHER_FAILURE = "failed by another exception"
+    SETUP_ERROR = "error in setup"
+    SKIPPED = "skipped"
+    COLLECTION_ERROR = "collection error"
+    MISSING = "did not run"  # never recorded: what a run reports for a test it did not see
+
+
+class Session(NamedTuple):
+    """What the runner runs for one job: the file its outcomes go to, its tree, arguments, directory and module."""
+
+    out: str
+    tree: str
+    args: list[str]
+    cwd: str
+    module: str
+
+
+@dataclass
+class Run:
+    """One finished session: each test's outcome, those marked `fail_to_pass`, and which files of its module it imported."""
+
+    outcomes: dict[str, Outcome]
+    marked: set[str]
+    module_files: set[str]
+    # A collection error's last `E` line; a test's record_property("reason").
+    reasons: dict[str, str] = field(default_factory=dict)
+
+    def of(self, nodeid: str) -> Outcome:
+        return self.outcomes.get(nodeid, Outcome.MISSING)
+
+    def collection_errors(self) -> list[str]:
+        found = [n for n, outcome in self.outcomes.items() if outcome == Outcome.COLLECTION_ERROR]
+        return [f"{n}: {self.reasons.get(n, 'collection error')}" for n in found]
+
+
+def problems(base: Run, patched: Run, fail_to_pass: list[str], pass_to_pass: list[str]) -> list[str]:
+    """Everything that breaks the red/green contract; empty means it holds."""
+    found = [f"{side}: {e}" for side, run in (("base", base), ("patched", patched)) for e in run.collection_errors()]
+    if found:  # every test id would read "did not run"; the collection error says why
+        return found
+
+    def unlike(run: Run, side: str, nodeids: list[str], want: Outcome, note: str = "") -> list[str]:
+        return [f"{side}: {n} {run.of(n).value}{note}" for n in nodeids if run.of(n) != want]
+
+    return (
+        unlike(patched, "patched", fail_to_pass + pass_to_pass, Outcome.PASSED)
+        + unlike(base, "base", fail_to_pass, Outcome.ASSERTION, ", not by assertion")
+        + unlike(base, "base", pass_to_pass, Outcome.PASSED)
+    )
