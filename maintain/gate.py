@@ -81,7 +81,8 @@ def release_row(target: Target, patch: Patch) -> Row:
 
 def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: Path | None = None) -> Target:
     """A checkout at `rev` as a tree of its own (src, tests, their configs; the code of a release's sdist `source`)."""
-    key = hashlib.sha1(f"{target.root} {rev} {source}".encode()).hexdigest()[:8]  # folder names may be shared
+    # Folder names may be shared; two patches on one commit may need different trees.
+    key = hashlib.sha1(f"{target.root} {rev} {source} {upstream.sources}".encode()).hexdigest()[:8]
     work = WORK / "gate" / f"checkout-{target.root.name}-{key}"
     shutil.rmtree(work / "upstream", ignore_errors=True)
     (work / "upstream" / "src").mkdir(parents=True)
