@@ -20,7 +20,7 @@ from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome, Run, problems
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
-from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
+from maintain.upstreams import BRIDGE, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
@@ -86,7 +86,8 @@ def release_row(target: Target, patch: Patch) -> Row:
 
 def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: Path | None = None) -> Target:
     """A checkout at `rev` as a tree of its own (src, tests, their configs; the code of a release's sdist `source`)."""
-    key = hashlib.sha1(f"{target.root} {rev} {source}".encode()).hexdigest()[:8]  # folder names may be shared
+    # Folder names may be shared; two patches on one commit may need different trees.
+    key = hashlib.sha1(f"{target.root} {rev} {source} {upstream.sources}".encode()).hexdigest()[:8]
     work = WORK / "gate" / f"checkout-{target.root.name}-{key}"
     shutil.rmtree(work / "upstream", ignore_errors=True)
     (work / "upstream" / "src").mkdir(parents=True)
@@ -99,8 +100,10 @@ def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: P
         (sdist,) = (work / "upstream" / "src").iterdir()
         (sdist / upstream.sources).rename(sdist.parent / upstream.sources)
     elif upstream.sources:
-        git("archive", "-o", str(work / "src.tar"), rev, upstream.sources, cwd=target.root)
+        git("archive", "-o", str(work / "src.tar"), rev, *upstream.sources.split(), cwd=target.root)
         shutil.unpack_archive(work / "src.tar", work / "upstream" / "src")
+    for name in upstream.linked:  # relative: a tree made from this one links to its own copy (trees.materialise)
+        (work / "upstream" / name).symlink_to(Path("src") / name)
     return Target(target.label, work / "upstream", Kind.TREE)
 
 
@@ -120,13 +123,15 @@ def _lint(patch: Patch, tree: Path) -> list[str]:
 def megatron_lm_rows(checkout: Target) -> list[Row]:
     """Each Megatron-LM patch on its base-commit, and each megatron-core release in lines.toml: its sdist's source with
     the tests of its patch's base-commit, the patch's context read from there as `git apply -C1` does."""
-    patches = {path.stem: load(path) for path in sorted(MEGATRON_LM_PATCHES.glob("*.patch"))}
+    found = sorted([*MEGATRON_LM_PATCHES.glob("*.patch"), *MEGATRON_LM_PATCHES.glob("callers/*.patch")])
+    patches = {str(path.relative_to(MEGATRON_LM_PATCHES).with_suffix("")): load(path) for path in found}
     releases = tomllib.loads(LINES_TOML.read_text())["megatron-core"]
-    trees, rows = [(p, None) for p in patches.values()] + [(patches[r["patch"]], v) for v, r in releases.items()], []
-    for patch, version in trees:
+    trees, rows = [(p, None) for p in patches] + [(r["patch"], v) for v, r in releases.items()], []
+    for name, version in trees:
+        patch = patches[name]
         sdist, base = version and stage_core(version), patch.base_commit[:10]
-        root = at(checkout, patch.base_commit, MEGATRON_LM, sdist).root
-        label = f"megatron-core {version} + tests {base}" if version else f"Megatron-LM {patch.path.stem} {base}"
+        root = at(checkout, patch.base_commit, upstream_of(patch), sdist).root
+        label = f"megatron-core {version} + tests {base}" if version else f"Megatron-LM {name} {base}"
         patch = _fitted(patch, root) if version else patch
         rows.append(checkout_row(Target(label, root, Kind.CHECKOUT), patch, upstream=root))
     return rows
@@ -152,7 +157,9 @@ AUTOFORMAT = "black --check --quiet; isort --check; pylint --score=n; ruff check
 
 
 def autoformat(tree: Path, files: list[str]) -> list[str]:
-    """Megatron-LM's lint on the files the patch changes, each tool at the version the tree's uv.lock pins."""
+    """Megatron-LM's lint on the files the patch changes that autoformat.sh reads (megatron/core, tests), each tool at
+    the version the tree's uv.lock pins."""
+    files = [file for file in files if file.startswith(("src/megatron/core/", "tests/"))]
     lock = tomllib.loads((tree / "uv.lock").read_text())["package"]
     locked = {entry["name"]: entry.get("version") for entry in lock}
     # On the Python its CI lints with: black refuses to check on 3.11 code it reads as written for a later one.

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from maintain.repo import checkout, megatron_lm_checkout, release, release_lines
-from maintain.upstreams import MEGATRON_LM, load, upstream_of
+from maintain.upstreams import BRIDGE, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
@@ -124,7 +124,7 @@ def run(args) -> tuple[str, Exit]:
     if args.backports:
         return backports(), Exit.OK
     python = None if args.no_verify else cli.interpreter(args.python)
-    where = (megatron_lm_checkout if upstream_of(load(args.patch)) == MEGATRON_LM else checkout)(args.upstream)
+    where = (checkout if upstream_of(load(args.patch)) == BRIDGE else megatron_lm_checkout)(args.upstream)
     return refresh(where, args.rev, python=python, patch=args.patch), Exit.OK
 
 

@@ -2,6 +2,7 @@
 # Every other entry links to the base's, so a session warm from the base keeps its modules: gate's trees and the
 # wrong fixes'.
 
+import os
 import shutil
 from pathlib import Path
 
@@ -35,5 +36,7 @@ def _farm(base: Path, dest: Path, rel: Path, real_dirs: set[Path], copies: set[P
             _farm(base, dest, path, real_dirs, copies)
         elif path in copies:
             shutil.copyfile(entry, dest / path)
+        elif entry.is_symlink() and not Path(os.readlink(entry)).is_absolute():  # within the tree: to dest's own
+            (dest / path).symlink_to(os.readlink(entry))
         elif entry.name != "__pycache__":
             (dest / path).symlink_to(entry.resolve())

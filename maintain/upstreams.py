@@ -22,6 +22,7 @@ class Upstream:
     sources: str = ""
     options: tuple[str, ...] = ()
     every_test: bool = True
+    linked: tuple[str, ...] = ()  # folders of src/ that upstream's tests find from the tree's root, as links there
 
 
 BRIDGE = Upstream(GPT_STEP_MODULE, ("src", "tests", "pyproject.toml", "ruff.toml"))
@@ -37,17 +38,32 @@ MEGATRON_LM = Upstream(
 )
 
 
+# Megatron-LM's own callers of the model (patches/megatron-lm/callers): examples/ is source too, which a test file reads
+# by its path from the tree's root; the module is the one whose import from the session's own tree gate checks.
+CALLERS = dataclasses.replace(
+    MEGATRON_LM,
+    module="megatron.elastification.flextron_utils",
+    top=(*MEGATRON_LM.top, "model_provider.py"),  # the examples import it from the root
+    sources="megatron examples",
+    linked=("examples",),
+)
+
+
 def upstream_of(patch: Patch) -> Upstream:
-    """The upstream a patch is for: Megatron-LM's live in patches/megatron-lm."""
-    return MEGATRON_LM if patch.path.resolve().parent == MEGATRON_LM_PATCHES else BRIDGE
+    """The upstream a patch is for: Megatron-LM's live in patches/megatron-lm, its callers' in callers/ there."""
+    folder = patch.path.resolve().parent
+    if MEGATRON_LM_PATCHES in (folder, folder.parent):
+        return MEGATRON_LM if folder == MEGATRON_LM_PATCHES else CALLERS
+    return BRIDGE
 
 
 def load(path: Path | None = None, text: str | None = None) -> Patch:
-    """A patch of either upstream (the carried one by default); a Megatron-LM mailbox's megatron/ read as src/megatron/,
+    """A patch of either upstream (the carried one by default); a Megatron-LM mailbox's megatron/ and examples/ read as
+    under src/,
     where gate puts it, so that Patch's split of source and tests holds for both (its `text` stays the file's)."""
     path = Path(path or series()[0])
-    if path.resolve().parent != MEGATRON_LM_PATCHES:
+    if MEGATRON_LM_PATCHES not in path.resolve().parents:
         return Patch.load(path) if text is None else Patch.parse(path, text)
     text = path.read_text() if text is None else text
-    moved = re.sub(r"(?m)^(diff --git a/|--- a/|\+\+\+ b/)megatron/", r"\1src/megatron/", text)
-    return dataclasses.replace(Patch.parse(path, moved.replace(" b/megatron/", " b/src/megatron/")), text=text)
+    moved = re.sub(r"(?m)^(diff --git a/|--- a/|\+\+\+ b/)(megatron|examples)/", r"\1src/\2/", text)
+    return dataclasses.replace(Patch.parse(path, re.sub(r" b/(megatron|examples)/", r" b/src/\1/", moved)), text=text)
