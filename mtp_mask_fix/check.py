@@ -9,7 +9,7 @@ from pathlib import Path
 from mtp_mask_fix import journal, trial
 from mtp_mask_fix.errors import Exit, ToolError, doing
 from mtp_mask_fix.git import first_error_line, stripped
-from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.patch import Patch, failed_hunk
 from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.reading import Reading, read, unbound
 from mtp_mask_fix.targets import Kind, Target
@@ -143,8 +143,8 @@ def _run(hunk, lines: list[str]) -> tuple[difflib.Match, list[str]]:
 
 def _departs(target: Target, patch: Patch, error: str) -> str:
     """`FILE:LINE `text`` where the file departs from the source hunk git failed on, next to the run it holds."""
-    failed = re.search(r"patch failed: (\S+):(\d+)", error)
-    hunks = [h for f in patch.files[:1] for h in f if not failed or h.source_start == int(failed[2])]
+    failed = failed_hunk(error)
+    hunks = [h for f in patch.files[:1] for h in f if failed is None or h.source_start == failed]
     rel = stripped(patch.files[0].path, target.strip)
     lines = (target.root / rel).read_text(errors="replace").splitlines(keepends=True)
     (a, b, size), expected = _run(hunks[0], lines)

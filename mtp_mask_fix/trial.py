@@ -4,11 +4,11 @@ its installed files are as shipped; the target is never written."""
 import base64
 import csv
 import hashlib
-import re
 
 from mtp_mask_fix.errors import doing
 from mtp_mask_fix.git import apply_diff, git, stripped
 from mtp_mask_fix.journal import scratch
+from mtp_mask_fix.patch import changed
 from mtp_mask_fix.targets import Target
 
 
@@ -16,7 +16,7 @@ def applied(target: Target, diff: str, *, reverse=False) -> tuple[dict[str, byte
     """The files `diff` changes, with their bytes once `git apply` (-R) of it on a copy; else {} and git's error."""
     if not diff:
         return {}, ""
-    files = [stripped(path, target.strip) for path in re.findall(r"^\+\+\+ b/(.+)$", diff, re.M)]
+    files = [stripped(path, target.strip) for path in changed(diff)]
     with scratch() as tmp:
         for rel in files:
             with doing(f"copying {target.root / rel} into", tmp):

@@ -51,7 +51,7 @@ def held(_real=apply.held):
         pause({(True, False): "journaled", (True, True): "replaced", (False, True): "done"}.get((journaled, patched)))
 
 
-def verify(target, python, after=None, _real=apply.verify):
+def verify(target, python, after=None, _real=apply.probe):
     found = _real(target, python, after)
     pause("verified")
     return found
@@ -63,5 +63,5 @@ def mkdtemp(*args, _real=tempfile.mkdtemp, **kwargs):
     return made
 
 
-apply.check, apply.held, apply.verify, tempfile.mkdtemp = check, held, verify, mkdtemp
+apply.check, apply.held, apply.probe, tempfile.mkdtemp = check, held, verify, mkdtemp
 cli.main(ARGV)
