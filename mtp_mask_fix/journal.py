@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError, doing
+from mtp_mask_fix.signals import Interrupted, held, say
+from mtp_mask_fix.targets import Target
 
 
 JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET until a write is verified: each file as it was, what replaces it
@@ -119,12 +121,47 @@ class Journal:
     files: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # each file's bytes before, and state now
 
 
-def write(root: Path, release: str, after: dict[str, bytes]) -> None:
-    """Write the journal of a write about to give the files the bytes `after` in a TARGET holding `release`."""
-    with doing("reading", root):
-        before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
-    files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
-    write_atomic(root / JOURNAL, json.dumps({"release": release, "files": files}).encode())
+def write(target: Target, after: dict[str, bytes], done: str) -> None:
+    """Give the files the bytes `after` under a journal of the bytes they had, all or nothing, refused where one is
+    read-only (`done`: the work, should a signal end it)."""
+    root = target.root
+    for path in [root, *[where for rel in after for where in (root / rel, (root / rel).parent)]]:
+        # Read-only by its mode (root writes anything, but the mode states intent), or by access(2): its mount too.
+        if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
+            make = "make it writable (mtp-mask-fix writes a journal in TARGET and renames each file into place)"
+            raise ToolError(f"{path} is read-only or not yours to write; {make}")
+    try:
+        with held():
+            with doing("reading", root):
+                before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
+            files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
+            write_atomic(root / JOURNAL, json.dumps({"release": target.release, "files": files}).encode())
+        with held():
+            for rel, data in after.items():
+                write_atomic(root / rel, data)
+        with held(), doing("removing", root / JOURNAL):
+            (root / JOURNAL).unlink()
+    except (ToolError, OSError, Interrupted) as exc:  # how far it got, the tree says: a journal, or the new bytes
+        written = (root / JOURNAL).is_file()
+        try:
+            with held():
+                recover(target, list(after))
+        except (ToolError, OSError) as failed:
+            raise ToolError(f"{target.label}: {exc}; putting the files back failed: {failed}", Exit.FAILED) from None
+        finished = not written and all((root / rel).read_bytes() == data for rel, data in after.items())
+        left = "rolled back: the files are as before" if written else f"it had finished: {done}" if finished else ""
+        raise ToolError(
+            f"{target.label}: {exc}; {left or 'nothing changed'}", getattr(exc, "code", Exit.FAILED)
+        ) from None
+
+
+def undo(target: Target, files: list[str]) -> bool:
+    """Undo what a killed run left, saying what it did, under the writer's lock; whether there was anything."""
+    with held():
+        undone = recover(target, files)
+    if undone:
+        say(f"{target.label}: undid what an interrupted run left: {undone}", final=False)
+    return bool(undone)
 
 
 def read(root: Path) -> Journal:
@@ -151,12 +188,6 @@ def read(root: Path) -> Journal:
     return Journal(True, release, files)
 
 
-def close(root: Path) -> None:
-    """Remove the journal of a whole write."""
-    with doing("removing", root / JOURNAL):
-        (root / JOURNAL).unlink()
-
-
 def _leftovers(root: Path, files: list[str]) -> list[Path]:
     """The temporary files a killed write left beside the journal's place or a file it writes."""
     return [temp(root / rel) for rel in dict.fromkeys([JOURNAL, *files]) if temp(root / rel).exists()]
@@ -175,19 +206,20 @@ def left(root: Path, files: list[str]) -> str | None:
     return f"{JOURNAL} ({said}); the next `apply` or `revert` {then} first"
 
 
-def recover(root: Path, label: str, release: str, files: list[str]) -> str:
+def recover(target: Target, files: list[str]) -> str:
     """Undo what a killed write left; what it put back and removed, "" if nothing."""
     # Refused where the tree changed since: a file neither as before nor as replaced, or another release in its place.
     # The caller holds the writer's lock, with signals held.
+    root = target.root
     journal = read(root)
     states = {rel: state for rel, (_, state) in journal.files.items()}
     why = next(
         (f"{rel} is neither as it left it nor as it was" for rel, s in states.items() if s == "changed since"), ""
     )
-    if why or release != journal.release and "patched, not verified" in states.values():
-        why = why or f"it was made for megatron-bridge {journal.release}, which now holds {release}"
+    if why or target.release != journal.release and "patched, not verified" in states.values():
+        why = why or f"it was made for megatron-bridge {journal.release}, which now holds {target.release}"
         raise ToolError(
-            f"{label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
+            f"{target.label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
             f"files are as you want them, remove {root / JOURNAL} and run the command again"
         )
     done = []

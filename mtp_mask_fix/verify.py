@@ -11,7 +11,7 @@ import subprocess
 from functools import partial
 from pathlib import Path
 
-from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.journal import scratch
 from mtp_mask_fix.paths import PROBE, is_gpt_step_of
 from mtp_mask_fix.targets import Target
@@ -24,6 +24,16 @@ def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -
         if after:
             _lay(target, after, root)
         return _probe(root, target.label, python)
+
+
+def proven(target: Target, python: str | None, after: dict[str, bytes], failed: str) -> str:
+    """`; verified with PY: why`, "" without `python`; refused (exit 5), after `failed`, where the mask is not seen."""
+    if not python:
+        return ""
+    delivered, reason = verify(target, python, after)
+    if not delivered:
+        raise ToolError(f"{failed}not verified with {python}: {reason}", Exit.FAILED)
+    return f"; verified with {python}: {reason}"
 
 
 def _lay(target: Target, after: dict[str, bytes], tree: Path) -> None:
