@@ -7,8 +7,9 @@ from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix import journal, trial
-from mtp_mask_fix.errors import Exit, ToolError, doing
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, stripped
+from mtp_mask_fix.journal import doing
 from mtp_mask_fix.patch import Patch, failed_hunk
 from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.reading import Reading, read, unbound
@@ -102,15 +103,15 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     changed, error = (reverted, "") if reverted else trial.applied(target, source)
     if not changed and reading.fixed is None:
         return Verdict(target, State.UNTOLD, patch=patch, why=reading.why)
-    if not changed:  # only local edits in the way: the diff fits the checkout's commit, or the files are not as
-        found = _departs(target, patch, error)  # their wheel's RECORD has them
-        if target.kind == Kind.CHECKOUT and trial.applies_to_head(target, source):
-            return Verdict(target, State.LOCAL_CHANGES, found.split(" ")[0] or first_error_line(error), patch)
-        if target.kind == Kind.INSTALLED and trial.not_as_recorded(target, [gpt_step]):
-            return Verdict(target, State.INSTALLED_EDITS, found.split(" ")[0] or first_error_line(error), patch)
+    with_tests, moved = trial.applied(target, tests, reverse=bool(reverted)) if changed else ({}, "")
+    if not changed:
+        edited = trial.edited(target, source, [gpt_step])  # only local edits in the way
+        found = _departs(target, patch, error)
+        if edited:
+            state = State.LOCAL_CHANGES if target.kind is Kind.CHECKOUT else State.INSTALLED_EDITS
+            return Verdict(target, state, found.split(" ")[0] or first_error_line(error), patch)
         said = f"{found} is not what its hunk has there" if found else f"git says {first_error_line(error)}"
         return Verdict(target, State.DRIFTED, f"{name(patch)} does not apply: {said}", patch)
-    with_tests, moved = trial.applied(target, tests, reverse=bool(reverted))
     scope = "source and tests" if with_tests else "source hunks only"
     scope += f"; upstream's tests left out, their file has moved on ({first_error_line(moved)})" if moved else ""
     detail, rewrite = f"{scope}, {name(patch)}", changed | with_tests

@@ -1,4 +1,5 @@
-"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces."""
+"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces;
+and the line an OS error gets: what the tool was doing, on which path."""
 
 import base64
 import contextlib
@@ -13,7 +14,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtp_mask_fix.errors import Exit, ToolError, doing
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.signals import Interrupted, held, say
 from mtp_mask_fix.targets import Target
 
@@ -23,6 +24,15 @@ TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new byte
 WAIT = 300.0  # seconds a command waits for another's write to TARGET: several ranks start at once
 UNREADABLE = "naming no file it can restore: unreadable, or not the tool's"
 SCRATCH = "mtp-mask-fix-scratch-"  # a run's temporary folders in $TMPDIR (`watch` names its own otherwise)
+
+
+@contextlib.contextmanager
+def doing(what: str, path):
+    """Have an OSError inside say what the tool was doing, on which path, and why (the command says what it left)."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(f"{what} {path}: {exc.strerror or exc}") from None
 
 
 def digest(data: bytes | None) -> str | None:
@@ -74,14 +84,17 @@ def scratch():
         os.close(fd)
 
 
+@dataclass
 class Lock:
     """One command's flock(2) on TARGET's folder: shared to read it, exclusive to write it, never held for a probe."""
 
     # A waiter sleeps in the kernel's queue and takes the lock once it is free; SIGALRM tells a person still waiting
     # after 2 s why (once a command), and ends a wait of more than `wait`. It goes with its process, however it ends.
 
-    def __init__(self, root: Path, label: str, wait: float = WAIT):
-        self.root, self.label, self.wait, self.told = root, label, wait, False
+    root: Path
+    label: str
+    wait: float = WAIT
+    told: bool = False  # whether this command has said why it waits
 
     @contextlib.contextmanager
     def held(self, exclusive: bool = False):
@@ -92,7 +105,8 @@ class Lock:
             if not tell:
                 raise TimeoutError
             print(f"mtp-mask-fix: waiting for the lock on {self.label}, which another process holds", file=sys.stderr)
-            tell, self.told = False, True
+            tell = False
+            self.told = True
 
         with doing("locking", self.root):
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
@@ -172,12 +186,12 @@ def read(root: Path) -> Journal:
         raise ToolError(f"{path} is not a file: mtp-mask-fix keeps its journal there; remove it")
     if not path.is_file():
         return Journal()
-    try:
+    files = {}  # each file's bytes before, and its digest after; none where the journal cannot be read
+    release = ""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         data = json.loads(path.read_text())
-        files = {rel: (base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
         release = str(data["release"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
-        files, release = {}, ""
+        files = {rel: (base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
     inside = all((root / rel).resolve().parent.is_relative_to(root.resolve()) for rel in files)
     if not (inside and all((root / rel).parent.is_dir() and not (root / rel).is_dir() for rel in files)):
         files = {}
@@ -195,7 +209,8 @@ def _leftovers(root: Path, files: list[str]) -> list[Path]:
 
 def left(root: Path, files: list[str]) -> str | None:
     """What a killed write left, said of each file, and what to do; None if it left nothing."""
-    journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
+    journal = read(root)
+    stray = [str(path.relative_to(root)) for path in _leftovers(root, files)]
     if not journal.exists:
         return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
     states = [state for _, state in journal.files.values()]
@@ -227,7 +242,7 @@ def recover(target: Target, files: list[str]) -> str:
         if state != "as before":
             write_atomic(root / rel, before)
             done.append(f"put back {rel}")
-    for path in [*_leftovers(root, [*files, *journal.files]), *[root / JOURNAL] * journal.exists]:
+    for path in _leftovers(root, [*files, *journal.files]) + ([root / JOURNAL] if journal.exists else []):
         with doing("removing", path):
             path.unlink()
         done.append(f"removed {path.relative_to(root)}")

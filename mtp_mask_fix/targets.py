@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
-from mtp_mask_fix.errors import ToolError, doing
+from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PROBE, SRC, STRIP
 
@@ -59,8 +59,10 @@ def find(spec: str | None, python: str) -> Target:
     if spec is not None:
         return resolve(spec)
     python = interpreter(python)
-    with doing("running --python", python):  # the probe's own lookup: a fixed program, told what to do by argv
+    try:  # the probe's own lookup: a fixed program, told what to do by argv
         found = subprocess.run([python, "-c", PROBE.read_text(), "where"], capture_output=True, text=True)
+    except OSError as exc:
+        raise OSError(f"running --python {python}: {exc.strerror}") from None
     where = Path((found.stdout.strip().splitlines() or [""])[-1])
     if found.returncode != 0 or where.parts[-2:] != tuple(PACKAGE.split("/")):
         raise ToolError(f"{python} imports no megatron.bridge; give --python the interpreter that trains, or a TARGET")
