@@ -25,6 +25,7 @@ from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import is_source
 from mtp_mask_fix.targets import Kind, Target
 
 
@@ -58,8 +59,9 @@ class Row:
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
     """Sessions of `tests` on base, patched, and each source hunk left out (a tree left with none is the base)."""
     checkout = target.kind == Kind.CHECKOUT
-    src, strip = (None, 1) if checkout else (True, 2)
-    trees = [materialise(root, work / "base", patch, src=False, strip=1) if checkout else root]
+    src = None if checkout else True  # a checkout takes upstream's tests with the sources
+    strip = target.strip
+    trees = [materialise(root, work / "base", patch, src=False, strip=strip) if checkout else root]
     for name, hunk in [("patched", None)] + [(f"without-{i}", h) for i, h in enumerate(_source_hunks(patch), 1)]:
         left = patch.part(src=True, leave_out=hunk)  # no source hunk left: the base tree
         trees.append(materialise(root, work / name, patch, src=src, leave_out=hunk, strip=strip) if left else trees[0])
@@ -71,7 +73,7 @@ def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str,
 
 
 def _source_hunks(patch: Patch) -> list[tuple[str, int]]:
-    return [(f.path, i) for f in patch.files if f.path.startswith("src/") for i in range(len(f))]
+    return [(f.path, i) for f in patch.files if is_source(f.path) for i in range(len(f))]
 
 
 def release_row(target: Target, patch: Patch) -> Row:
@@ -257,7 +259,8 @@ def gate(targets: list[Target], patches: list[Patch], python: str = sys.executab
     for row in rows:
         lines += [f"{row.target.label:<{width}}  {row.red:>13}  {row.green:>14}  {row.verdict.value[0]}"]
         lines += [f"    {note}" for note in row.notes]
-        lines += [f"    not judged: {row.unjudged} other tests, which do not pass here unpatched"] * bool(row.unjudged)
+        if row.unjudged:
+            lines.append(f"    not judged: {row.unjudged} other tests, which do not pass here unpatched")
     lines += [f"\ngate: {len(rows)} targets, {time.monotonic() - start:.1f} s"]
     return "\n".join(lines), max(row.verdict.value[1] for row in rows)  # exit codes grow with severity
 
