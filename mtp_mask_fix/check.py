@@ -64,7 +64,8 @@ def candidates(explicit: Path | None = None) -> list[Patch]:
 
 def name(patch: Patch) -> str:
     """The patch file as README's table names it (patches/...), or as given."""
-    path, folder = patch.path.resolve(), PATCHES.resolve().parent
+    path = patch.path.resolve()
+    folder = PATCHES.resolve().parent
     return str(path.relative_to(folder) if path.is_relative_to(folder) else patch.path)
 
 
@@ -94,8 +95,9 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     """The target's verdict by one patch, given the reading of its gpt_step.py, by git apply on a copy."""
     # Upstream's tests go with the source where the target has their files and their part fits; else it says so.
-    tests = all((target.root / test).is_file() for test in patch.test_files()) and target.strip == 1
-    source, tests = patch.part(src=True), patch.part(src=False) if tests else ""
+    beside = target.kind is not Kind.INSTALLED and all((target.root / test).is_file() for test in patch.test_files())
+    source = patch.part(src=True)
+    tests = patch.part(src=False) if beside else ""
     gpt_step = stripped(patch.paths(src=True)[0], target.strip)
     reverted = trial.applied(target, source, reverse=True)[0]
     if not reverted and reading.fixed:
@@ -114,7 +116,8 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
         return Verdict(target, State.DRIFTED, f"{name(patch)} does not apply: {said}", patch)
     scope = "source and tests" if with_tests else "source hunks only"
     scope += f"; upstream's tests left out, their file has moved on ({first_error_line(moved)})" if moved else ""
-    detail, rewrite = f"{scope}, {name(patch)}", changed | with_tests
+    detail = f"{scope}, {name(patch)}"
+    rewrite = changed | with_tests
     # The text with the patch's lines, and what they read that the function they are in does not bind.
     text = ((target.root / gpt_step).read_bytes() if reverted else changed[gpt_step]).decode(errors="replace")
     added = {line.value for hunk in patch.files[0] for line in hunk if line.is_added}
@@ -130,7 +133,8 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
 
 def _of_line(patch: Patch, release: str) -> bool:
     """Whether the patch's folder names the release line of `release` (`0.2-0.5`: 0.2.x to 0.5.x)."""
-    span, line = re.fullmatch(r"(\d+\.\d+)-(\d+\.\d+)", patch.path.parent.name), re.findall(r"\d+", release)[:2]
+    span = re.fullmatch(r"(\d+\.\d+)-(\d+\.\d+)", patch.path.parent.name)
+    line = re.findall(r"\d+", release)[:2]
     low, high = [tuple(map(int, end.split("."))) for end in span.groups()] if span else [(), ()]
     return bool(span) and len(line) == 2 and low <= (*map(int, line),) <= high
 

@@ -22,7 +22,6 @@ from mtp_mask_fix.targets import Target
 JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET until a write is verified: each file as it was, what replaces it
 TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new bytes are written
 WAIT = 300.0  # seconds a command waits for another's write to TARGET: several ranks start at once
-UNREADABLE = "naming no file it can restore: unreadable, or not the tool's"
 SCRATCH = "mtp-mask-fix-scratch-"  # a run's temporary folders in $TMPDIR (`watch` names its own otherwise)
 
 
@@ -214,7 +213,10 @@ def left(root: Path, files: list[str]) -> str | None:
     if not journal.exists:
         return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
     states = [state for _, state in journal.files.values()]
-    said = ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items()) or UNREADABLE
+    said = (
+        ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items())
+        or "naming no file it can restore: unreadable, or not the tool's"
+    )
     if "changed since" in states:
         return f"{JOURNAL} ({said}): if the files are as you want them, remove {root / JOURNAL}"
     then = "puts it back" if set(states) - {"as before"} else "removes it"

@@ -10,7 +10,7 @@ from unidiff.errors import UnidiffParseError
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.journal import scratch
-from mtp_mask_fix.paths import PATCHES, is_source
+from mtp_mask_fix.paths import PATCHES, SRC, is_source
 
 
 DIFFSTAT = re.compile(r"^ (\d+) files? changed(?:, (\d+) insertions?\(\+\))?(?:, (\d+) deletions?\(-\))?$", re.M)
@@ -79,9 +79,9 @@ class Patch:
                 raise ToolError(f"patch {path} is corrupted: {why}")
         made = [f.path for f in [*files.added_files, *files.removed_files]]
         if made or not any(is_source(f.path) for f in files):
-            why = f"it creates or deletes {made[0]}" if made else "it changes nothing under src/"
+            why = f"it creates or deletes {made[0]}" if made else f"it changes nothing under {SRC}/"
             raise ToolError(
-                f"patch {path}: {why}; the tool carries changes to existing files, one at least under src/"
+                f"patch {path}: {why}; the tool carries changes to existing files, one at least under {SRC}/"
             )
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))

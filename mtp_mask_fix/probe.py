@@ -4,7 +4,9 @@
 # one JSON object (with the argument `where`: the folder of its megatron.bridge). The one module of the tool that
 # imports torch and megatron, and nothing of the tool.
 
+import importlib.util
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -83,11 +85,7 @@ def probe() -> dict:
 
 
 def where() -> str:
-    """The folder of the megatron.bridge this interpreter imports wherever it runs: not the cwd's (what trains runs
-    elsewhere), unless PYTHONPATH names it."""
-    import importlib.util
-    import os
-
+    """The folder of the megatron.bridge this interpreter imports wherever it runs: not the cwd's, unless named."""
     named = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     sys.path = [p for p in sys.path if p and (p != os.getcwd() or p in named)]
     return importlib.util.find_spec("megatron.bridge").submodule_search_locations[0]
