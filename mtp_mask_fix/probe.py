@@ -1,6 +1,6 @@
 """verify's probe: the target's own `forward_step` and `get_batch` with MTP on, and a model that records its kwargs."""
 
-# Run as a script (its source through -c) in the interpreter that trains, the target first on PYTHONPATH; it prints
+# Run as a script (its source on stdin) in the interpreter that trains, the target first on PYTHONPATH; it prints
 # one JSON object (with the argument `where`: the folder of its megatron.bridge). The one module of the tool that
 # imports torch and megatron, and nothing of the tool.
 

@@ -60,7 +60,7 @@ def find(spec: str | None, python: str) -> Target:
         return resolve(spec)
     python = interpreter(python)
     try:  # the probe's own lookup: a fixed program, told what to do by argv
-        found = subprocess.run([python, "-c", PROBE.read_text(), "where"], capture_output=True, text=True)
+        found = subprocess.run([python, "-", "where"], input=PROBE.read_text(), capture_output=True, text=True)
     except OSError as exc:
         raise OSError(f"running --python {python}: {exc.strerror}") from None
     where = Path((found.stdout.strip().splitlines() or [""])[-1])

@@ -50,14 +50,14 @@ def _lay(target: Target, after: dict[str, bytes], tree: Path) -> None:
 
 def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
     """What the probe says of the Megatron-Bridge in `root` under `python`."""
-    # probe.py's source through -c: nothing of the tool need be installed there, and no module of its folder shadows
-    # the target's. The probe ends with this process, however it ends.
+    # probe.py's source on stdin: nothing of the tool need be installed there, and no module of its folder shadows
+    # the target's (what is not Python says so of `-`, not of the source). The probe ends with this process.
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, PYTHONPATH=path)
     ends = partial(_ends_with, os.getpid())
     try:
         result = subprocess.run(
-            [python, "-c", PROBE.read_text()], capture_output=True, text=True, env=env, cwd=root, preexec_fn=ends
+            [python, "-"], input=PROBE.read_text(), capture_output=True, text=True, env=env, cwd=root, preexec_fn=ends
         )
     except OSError as exc:  # no system runs it (ENOEXEC): the user's input; anything else is the OS's
         raise (ToolError if exc.errno == errno.ENOEXEC else OSError)(f"running {python}: {exc.strerror}") from None
