@@ -25,7 +25,7 @@ from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import is_source
+from mtp_mask_fix.paths import SRC, is_source
 from mtp_mask_fix.targets import Kind, Target
 
 
@@ -67,7 +67,7 @@ def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str,
         trees.append(materialise(root, work / name, patch, src=src, leave_out=hunk, strip=strip) if left else trees[0])
     up = upstream_of(patch)
     jobs = [
-        Job((*tests, *up.options), tree / "src", tree, up.module) if checkout else Job(tests, tree) for tree in trees
+        Job((*tests, *up.options), tree / SRC, tree, up.module) if checkout else Job(tests, tree) for tree in trees
     ]
     return Row(target, patch, *jobs[:2], jobs[2:])
 
