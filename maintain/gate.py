@@ -26,6 +26,7 @@ from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import SRC, is_source
 from mtp_mask_fix.targets import Kind, Target
 
 
@@ -62,21 +63,21 @@ class Row:
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
     """Sessions of `tests` on base, patched, and each source hunk left out (a tree left with none is the base)."""
     checkout = target.kind == Kind.CHECKOUT
-    strip = target.strip  # the tool's -p for the target, and so for its trees
-    src = None if checkout else True  # a checkout's trees take the patch's tests too
+    src = None if checkout else True  # a checkout takes upstream's tests with the sources
+    strip = target.strip
     trees = [materialise(root, work / "base", patch, src=False, strip=strip) if checkout else root]
     for name, hunk in [("patched", None)] + [(f"without-{i}", h) for i, h in enumerate(_source_hunks(patch), 1)]:
         left = patch.part(src=True, leave_out=hunk)  # no source hunk left: the base tree
         trees.append(materialise(root, work / name, patch, src=src, leave_out=hunk, strip=strip) if left else trees[0])
     up = upstream_of(patch)
-    roots = [Target(target.label, tree, target.kind).import_root for tree in trees]  # where each imports from
-    jobs = [Job((*tests, *up.options), r, t, up.module) if checkout else Job(tests, t) for t, r in zip(trees, roots)]
+    jobs = [
+        Job((*tests, *up.options), tree / SRC, tree, up.module) if checkout else Job(tests, tree) for tree in trees
+    ]
     return Row(target, patch, *jobs[:2], jobs[2:])
 
 
 def _source_hunks(patch: Patch) -> list[tuple[str, int]]:
-    sources = patch.paths(src=True)
-    return [(f.path, i) for f in patch.files if f.path in sources for i in range(len(f))]
+    return [(f.path, i) for f in patch.files if is_source(f.path) for i in range(len(f))]
 
 
 def release_row(target: Target, patch: Patch) -> Row:

@@ -4,12 +4,13 @@ import os
 import signal
 import sys
 
-from mtp_mask_fix.signals import SIGNALS
+from mtp_mask_fix.signals import SIGNALS, Interrupted
 
 
 def _before_anything(signum, frame):
-    print(f"mtp-mask-fix: error: interrupted by {signal.Signals(signum).name}: nothing changed", file=sys.stderr)
-    os._exit(128 + signum)
+    interrupted = Interrupted(signum)
+    print(f"mtp-mask-fix: error: {interrupted}: nothing changed", file=sys.stderr)
+    os._exit(interrupted.code)
 
 
 # Before the rest of the tool loads, a signal ends it at once with one line; cli.main's handlers take over from here.

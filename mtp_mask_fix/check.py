@@ -7,9 +7,10 @@ from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix import journal, trial
-from mtp_mask_fix.errors import Exit, ToolError, doing
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, stripped
-from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.journal import doing
+from mtp_mask_fix.patch import Patch, failed_hunk
 from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.reading import Reading, read, unbound
 from mtp_mask_fix.targets import Kind, Target
@@ -63,7 +64,8 @@ def candidates(explicit: Path | None = None) -> list[Patch]:
 
 def name(patch: Patch) -> str:
     """The patch file as README's table names it (patches/...), or as given."""
-    path, folder = patch.path.resolve(), PATCHES.resolve().parent
+    path = patch.path.resolve()
+    folder = PATCHES.resolve().parent
     return str(path.relative_to(folder) if path.is_relative_to(folder) else patch.path)
 
 
@@ -93,8 +95,9 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     """The target's verdict by one patch, given the reading of its gpt_step.py, by git apply on a copy."""
     # Upstream's tests go with the source where the target has their files and their part fits; else it says so.
-    tests = all((target.root / test).is_file() for test in patch.test_files()) and target.strip == 1
-    source, tests = patch.part(src=True), patch.part(src=False) if tests else ""
+    beside = target.kind is not Kind.INSTALLED and all((target.root / test).is_file() for test in patch.test_files())
+    source = patch.part(src=True)
+    tests = patch.part(src=False) if beside else ""
     gpt_step = stripped(patch.paths(src=True)[0], target.strip)
     reverted = trial.applied(target, source, reverse=True)[0]
     if not reverted and reading.fixed:
@@ -102,18 +105,19 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     changed, error = (reverted, "") if reverted else trial.applied(target, source)
     if not changed and reading.fixed is None:
         return Verdict(target, State.UNTOLD, patch=patch, why=reading.why)
-    if not changed:  # only local edits in the way: the diff fits the checkout's commit, or the files are not as
-        found = _departs(target, patch, error)  # their wheel's RECORD has them
-        if target.kind == Kind.CHECKOUT and trial.applies_to_head(target, source):
-            return Verdict(target, State.LOCAL_CHANGES, found.split(" ")[0] or first_error_line(error), patch)
-        if target.kind == Kind.INSTALLED and trial.not_as_recorded(target, [gpt_step]):
-            return Verdict(target, State.INSTALLED_EDITS, found.split(" ")[0] or first_error_line(error), patch)
+    with_tests, moved = trial.applied(target, tests, reverse=bool(reverted)) if changed else ({}, "")
+    if not changed:
+        edited = trial.edited(target, source, [gpt_step])  # only local edits in the way
+        found = _departs(target, patch, error)
+        if edited:
+            state = State.LOCAL_CHANGES if target.kind is Kind.CHECKOUT else State.INSTALLED_EDITS
+            return Verdict(target, state, found.split(" ")[0] or first_error_line(error), patch)
         said = f"{found} is not what its hunk has there" if found else f"git says {first_error_line(error)}"
         return Verdict(target, State.DRIFTED, f"{name(patch)} does not apply: {said}", patch)
-    with_tests, moved = trial.applied(target, tests, reverse=bool(reverted))
     scope = "source and tests" if with_tests else "source hunks only"
     scope += f"; upstream's tests left out, their file has moved on ({first_error_line(moved)})" if moved else ""
-    detail, rewrite = f"{scope}, {name(patch)}", changed | with_tests
+    detail = f"{scope}, {name(patch)}"
+    rewrite = changed | with_tests
     # The text with the patch's lines, and what they read that the function they are in does not bind.
     text = ((target.root / gpt_step).read_bytes() if reverted else changed[gpt_step]).decode(errors="replace")
     added = {line.value for hunk in patch.files[0] for line in hunk if line.is_added}
@@ -129,7 +133,8 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
 
 def _of_line(patch: Patch, release: str) -> bool:
     """Whether the patch's folder names the release line of `release` (`0.2-0.5`: 0.2.x to 0.5.x)."""
-    span, line = re.fullmatch(r"(\d+\.\d+)-(\d+\.\d+)", patch.path.parent.name), re.findall(r"\d+", release)[:2]
+    span = re.fullmatch(r"(\d+\.\d+)-(\d+\.\d+)", patch.path.parent.name)
+    line = re.findall(r"\d+", release)[:2]
     low, high = [tuple(map(int, end.split("."))) for end in span.groups()] if span else [(), ()]
     return bool(span) and len(line) == 2 and low <= (*map(int, line),) <= high
 
@@ -143,8 +148,8 @@ def _run(hunk, lines: list[str]) -> tuple[difflib.Match, list[str]]:
 
 def _departs(target: Target, patch: Patch, error: str) -> str:
     """`FILE:LINE `text`` where the file departs from the source hunk git failed on, next to the run it holds."""
-    failed = re.search(r"patch failed: (\S+):(\d+)", error)
-    hunks = [h for f in patch.files[:1] for h in f if not failed or h.source_start == int(failed[2])]
+    failed = failed_hunk(error)
+    hunks = [h for f in patch.files[:1] for h in f if failed is None or h.source_start == failed]
     rel = stripped(patch.files[0].path, target.strip)
     lines = (target.root / rel).read_text(errors="replace").splitlines(keepends=True)
     (a, b, size), expected = _run(hunks[0], lines)

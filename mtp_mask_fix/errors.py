@@ -1,6 +1,5 @@
 """The exit codes every command of the tool shares, and the one error type for every refusal."""
 
-import contextlib
 from enum import IntEnum
 
 
@@ -36,12 +35,3 @@ class ToolError(Exception):
     def __init__(self, message: str, code: Exit = Exit.USAGE):
         super().__init__(message)
         self.code = code
-
-
-@contextlib.contextmanager
-def doing(what: str, path):
-    """Have an OSError inside say what the tool was doing, on which path, and why (the command says what it left)."""
-    try:
-        yield
-    except OSError as exc:
-        raise OSError(f"{what} {path}: {exc.strerror or exc}") from None

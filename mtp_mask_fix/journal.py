@@ -1,4 +1,5 @@
-"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces."""
+"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces;
+and the line an OS error gets: what the tool was doing, on which path."""
 
 import base64
 import contextlib
@@ -13,14 +14,24 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtp_mask_fix.errors import Exit, ToolError, doing
+from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.signals import Interrupted, held, say
+from mtp_mask_fix.targets import Target
 
 
 JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET until a write is verified: each file as it was, what replaces it
 TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new bytes are written
 WAIT = 300.0  # seconds a command waits for another's write to TARGET: several ranks start at once
-UNREADABLE = "naming no file it can restore: unreadable, or not the tool's"
 SCRATCH = "mtp-mask-fix-scratch-"  # a run's temporary folders in $TMPDIR (`watch` names its own otherwise)
+
+
+@contextlib.contextmanager
+def doing(what: str, path):
+    """Have an OSError inside say what the tool was doing, on which path, and why (the command says what it left)."""
+    try:
+        yield
+    except OSError as exc:
+        raise OSError(f"{what} {path}: {exc.strerror or exc}") from None
 
 
 def digest(data: bytes | None) -> str | None:
@@ -72,14 +83,17 @@ def scratch():
         os.close(fd)
 
 
+@dataclass
 class Lock:
     """One command's flock(2) on TARGET's folder: shared to read it, exclusive to write it, never held for a probe."""
 
     # A waiter sleeps in the kernel's queue and takes the lock once it is free; SIGALRM tells a person still waiting
     # after 2 s why (once a command), and ends a wait of more than `wait`. It goes with its process, however it ends.
 
-    def __init__(self, root: Path, label: str, wait: float = WAIT):
-        self.root, self.label, self.wait, self.told = root, label, wait, False
+    root: Path
+    label: str
+    wait: float = WAIT
+    told: bool = False  # whether this command has said why it waits
 
     @contextlib.contextmanager
     def held(self, exclusive: bool = False):
@@ -90,7 +104,8 @@ class Lock:
             if not tell:
                 raise TimeoutError
             print(f"mtp-mask-fix: waiting for the lock on {self.label}, which another process holds", file=sys.stderr)
-            tell, self.told = False, True
+            tell = False
+            self.told = True
 
         with doing("locking", self.root):
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
@@ -119,12 +134,47 @@ class Journal:
     files: dict[str, tuple[bytes, str]] = field(default_factory=dict)  # each file's bytes before, and state now
 
 
-def write(root: Path, release: str, after: dict[str, bytes]) -> None:
-    """Write the journal of a write about to give the files the bytes `after` in a TARGET holding `release`."""
-    with doing("reading", root):
-        before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
-    files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
-    write_atomic(root / JOURNAL, json.dumps({"release": release, "files": files}).encode())
+def write(target: Target, after: dict[str, bytes], done: str) -> None:
+    """Give the files the bytes `after` under a journal of the bytes they had, all or nothing, refused where one is
+    read-only (`done`: the work, should a signal end it)."""
+    root = target.root
+    for path in [root, *[where for rel in after for where in (root / rel, (root / rel).parent)]]:
+        # Read-only by its mode (root writes anything, but the mode states intent), or by access(2): its mount too.
+        if not (path.stat().st_mode & 0o200 and os.access(path, os.W_OK)):
+            make = "make it writable (mtp-mask-fix writes a journal in TARGET and renames each file into place)"
+            raise ToolError(f"{path} is read-only or not yours to write; {make}")
+    try:
+        with held():
+            with doing("reading", root):
+                before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
+            files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
+            write_atomic(root / JOURNAL, json.dumps({"release": target.release, "files": files}).encode())
+        with held():
+            for rel, data in after.items():
+                write_atomic(root / rel, data)
+        with held(), doing("removing", root / JOURNAL):
+            (root / JOURNAL).unlink()
+    except (ToolError, OSError, Interrupted) as exc:  # how far it got, the tree says: a journal, or the new bytes
+        written = (root / JOURNAL).is_file()
+        try:
+            with held():
+                recover(target, list(after))
+        except (ToolError, OSError) as failed:
+            raise ToolError(f"{target.label}: {exc}; putting the files back failed: {failed}", Exit.FAILED) from None
+        finished = not written and all((root / rel).read_bytes() == data for rel, data in after.items())
+        left = "rolled back: the files are as before" if written else f"it had finished: {done}" if finished else ""
+        raise ToolError(
+            f"{target.label}: {exc}; {left or 'nothing changed'}", getattr(exc, "code", Exit.FAILED)
+        ) from None
+
+
+def undo(target: Target, files: list[str]) -> bool:
+    """Undo what a killed run left, saying what it did, under the writer's lock; whether there was anything."""
+    with held():
+        undone = recover(target, files)
+    if undone:
+        say(f"{target.label}: undid what an interrupted run left: {undone}", final=False)
+    return bool(undone)
 
 
 def read(root: Path) -> Journal:
@@ -135,12 +185,12 @@ def read(root: Path) -> Journal:
         raise ToolError(f"{path} is not a file: mtp-mask-fix keeps its journal there; remove it")
     if not path.is_file():
         return Journal()
-    try:
+    files = {}  # each file's bytes before, and its digest after; none where the journal cannot be read
+    release = ""
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         data = json.loads(path.read_text())
-        files = {rel: (base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
         release = str(data["release"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
-        files, release = {}, ""
+        files = {rel: (base64.b64decode(e["before"]), e["after"]) for rel, e in data["files"].items()}
     inside = all((root / rel).resolve().parent.is_relative_to(root.resolve()) for rel in files)
     if not (inside and all((root / rel).parent.is_dir() and not (root / rel).is_dir() for rel in files)):
         files = {}
@@ -151,12 +201,6 @@ def read(root: Path) -> Journal:
     return Journal(True, release, files)
 
 
-def close(root: Path) -> None:
-    """Remove the journal of a whole write."""
-    with doing("removing", root / JOURNAL):
-        (root / JOURNAL).unlink()
-
-
 def _leftovers(root: Path, files: list[str]) -> list[Path]:
     """The temporary files a killed write left beside the journal's place or a file it writes."""
     return [temp(root / rel) for rel in dict.fromkeys([JOURNAL, *files]) if temp(root / rel).exists()]
@@ -164,30 +208,35 @@ def _leftovers(root: Path, files: list[str]) -> list[Path]:
 
 def left(root: Path, files: list[str]) -> str | None:
     """What a killed write left, said of each file, and what to do; None if it left nothing."""
-    journal, stray = read(root), [str(path.relative_to(root)) for path in _leftovers(root, files)]
+    journal = read(root)
+    stray = [str(path.relative_to(root)) for path in _leftovers(root, files)]
     if not journal.exists:
         return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
     states = [state for _, state in journal.files.values()]
-    said = ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items()) or UNREADABLE
+    said = (
+        ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items())
+        or "naming no file it can restore: unreadable, or not the tool's"
+    )
     if "changed since" in states:
         return f"{JOURNAL} ({said}): if the files are as you want them, remove {root / JOURNAL}"
     then = "puts it back" if set(states) - {"as before"} else "removes it"
     return f"{JOURNAL} ({said}); the next `apply` or `revert` {then} first"
 
 
-def recover(root: Path, label: str, release: str, files: list[str]) -> str:
+def recover(target: Target, files: list[str]) -> str:
     """Undo what a killed write left; what it put back and removed, "" if nothing."""
     # Refused where the tree changed since: a file neither as before nor as replaced, or another release in its place.
     # The caller holds the writer's lock, with signals held.
+    root = target.root
     journal = read(root)
     states = {rel: state for rel, (_, state) in journal.files.items()}
     why = next(
         (f"{rel} is neither as it left it nor as it was" for rel, s in states.items() if s == "changed since"), ""
     )
-    if why or release != journal.release and "patched, not verified" in states.values():
-        why = why or f"it was made for megatron-bridge {journal.release}, which now holds {release}"
+    if why or target.release != journal.release and "patched, not verified" in states.values():
+        why = why or f"it was made for megatron-bridge {journal.release}, which now holds {target.release}"
         raise ToolError(
-            f"{label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
+            f"{target.label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
             f"files are as you want them, remove {root / JOURNAL} and run the command again"
         )
     done = []
@@ -195,7 +244,7 @@ def recover(root: Path, label: str, release: str, files: list[str]) -> str:
         if state != "as before":
             write_atomic(root / rel, before)
             done.append(f"put back {rel}")
-    for path in [*_leftovers(root, [*files, *journal.files]), *[root / JOURNAL] * journal.exists]:
+    for path in _leftovers(root, [*files, *journal.files]) + ([root / JOURNAL] if journal.exists else []):
         with doing("removing", path):
             path.unlink()
         done.append(f"removed {path.relative_to(root)}")

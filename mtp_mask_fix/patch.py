@@ -10,7 +10,7 @@ from unidiff.errors import UnidiffParseError
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.journal import scratch
-from mtp_mask_fix.paths import PATCHES
+from mtp_mask_fix.paths import PATCHES, SRC, is_source
 
 
 DIFFSTAT = re.compile(r"^ (\d+) files? changed(?:, (\d+) insertions?\(\+\))?(?:, (\d+) deletions?\(-\))?$", re.M)
@@ -57,7 +57,8 @@ class Patch:
             msg, rest = tmp / "msg", tmp / "rest"
             info = git("mailinfo", str(msg), str(rest), input=text, check=False)
             headers = dict(line.split(": ", 1) for line in info.stdout.splitlines() if ": " in line)
-            body, after = (msg.read_text().strip(), rest.read_text()) if info.returncode == 0 else ("", "")
+            body = msg.read_text().strip() if info.returncode == 0 else ""
+            after = rest.read_text() if info.returncode == 0 else ""
         start = after.find("diff --git ")
         ends = [end for end in (after.find(mark, start) for mark in ("\n-- \n", "\n\nbase-commit: ")) if end >= 0]
         diff = after[start : min(ends, default=len(after)) + 1] if start >= 0 else ""
@@ -66,7 +67,8 @@ class Patch:
         except UnidiffParseError as exc:
             raise ToolError(f"patch {path} is corrupted: {exc}") from exc
         stat = DIFFSTAT.search(after)  # a patch cut at a file boundary still parses: its own diffstat tells
-        said, found = stat and tuple(int(n or 0) for n in stat.groups()), (len(files), files.added, files.removed)
+        said = stat and tuple(int(n or 0) for n in stat.groups())
+        found = (len(files), files.added, files.removed)
         for failed, why in [
             (info.returncode != 0, "git mailinfo cannot read it"),
             (not headers.get("Subject"), "no Subject line"),
@@ -76,10 +78,10 @@ class Patch:
             if failed:
                 raise ToolError(f"patch {path} is corrupted: {why}")
         made = [f.path for f in [*files.added_files, *files.removed_files]]
-        if made or not any(f.path.startswith("src/") for f in files):
-            why = f"it creates or deletes {made[0]}" if made else "it changes nothing under src/"
+        if made or not any(is_source(f.path) for f in files):
+            why = f"it creates or deletes {made[0]}" if made else f"it changes nothing under {SRC}/"
             raise ToolError(
-                f"patch {path}: {why}; the tool carries changes to existing files, one at least under src/"
+                f"patch {path}: {why}; the tool carries changes to existing files, one at least under {SRC}/"
             )
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
@@ -89,7 +91,7 @@ class Patch:
     def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
         """The diff of the sources (`src` True), the rest (False) or all (None), less the hunk `leave_out` names."""
         out = []
-        for patched in (f for f in self.files if src is None or f.path.startswith("src/") == src):
+        for patched in (f for f in self.files if src is None or is_source(f.path) == src):
             kept = [str(h) for i, h in enumerate(patched) if (patched.path, i) != leave_out]
             if kept:
                 out.append(str(patched).split("\n@@", 1)[0] + "\n" + "".join(kept))
@@ -97,7 +99,18 @@ class Patch:
 
     def paths(self, *, src: bool | None = None) -> list[str]:
         """The paths of the files the patch changes (`src` as in part), as an upstream checkout names them."""
-        return [f.path for f in self.files if src is None or f.path.startswith("src/") == src]
+        return [f.path for f in self.files if src is None or is_source(f.path) == src]
 
     def test_files(self) -> list[str]:
         return [path for path in self.paths(src=False) if path.startswith("tests/")]
+
+
+def changed(diff: str) -> list[str]:
+    """The paths of the files a diff's text changes, as its `+++ b/` lines name them."""
+    return [f.path for f in PatchSet(diff)]
+
+
+def failed_hunk(error: str) -> int | None:
+    """The first source line of the hunk that git's error from `git apply` names, None if it names none."""
+    failed = re.search(r"patch failed: \S+:(\d+)", error)
+    return int(failed[1]) if failed else None

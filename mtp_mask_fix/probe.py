@@ -1,9 +1,13 @@
 """verify's probe: the target's own `forward_step` and `get_batch` with MTP on, and a model that records its kwargs."""
 
-# Run as a script (its source through -c) in the interpreter that trains, the target first on PYTHONPATH; it prints
-# one JSON object. The one module of the tool that imports torch and megatron, and nothing of the tool.
+# Run as a script (its source on stdin) in the interpreter that trains, the target first on PYTHONPATH; it prints
+# one JSON object (with the argument `where`: the folder of its megatron.bridge). The one module of the tool that
+# imports torch and megatron, and nothing of the tool.
 
+import importlib.util
 import json
+import os
+import sys
 from types import SimpleNamespace
 
 
@@ -80,5 +84,12 @@ def probe() -> dict:
     return {"file": gpt_step.__file__, "delivered": delivered, "reason": reason}
 
 
+def where() -> str:
+    """The folder of the megatron.bridge this interpreter imports wherever it runs: not the cwd's, unless named."""
+    named = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    sys.path = [p for p in sys.path if p and (p != os.getcwd() or p in named)]
+    return importlib.util.find_spec("megatron.bridge").submodule_search_locations[0]
+
+
 if __name__ == "__main__":
-    print(json.dumps(probe()))
+    print(where() if sys.argv[1:] == ["where"] else json.dumps(probe()))

@@ -1,13 +1,16 @@
-"""What a TARGET names: a git checkout, a source tree, or an installed package directory."""
+"""What a TARGET names: a git checkout, a source tree, or an installed package directory; and how one is found."""
 
+import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import GPT_STEP, PACKAGE
+from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PROBE, SRC, STRIP
 
 
 Kind = Enum("Kind", "CHECKOUT TREE INSTALLED")  # the shapes a TARGET can take
@@ -23,12 +26,12 @@ class Target:
 
     @property
     def strip(self) -> int:
-        """git apply's -p, 1 for trees with src/ and 2 for installed packages."""
-        return 1 if self.kind in (Kind.CHECKOUT, Kind.TREE) else 2
+        """git apply's -p: a package has no src/ to strip."""
+        return STRIP + 1 if self.kind is Kind.INSTALLED else STRIP
 
     @property
     def import_root(self) -> Path:
-        return self.root / "src" if self.strip == 1 else self.root
+        return self.root if self.kind is Kind.INSTALLED else self.root / SRC
 
     @property
     def fixed_file(self) -> Path:
@@ -44,6 +47,29 @@ class Target:
         return ".".join(m.group(1) for m in found) + (pre.group(1) if pre else "") if all(found) else ""
 
 
+def interpreter(python: str) -> str:
+    """The absolute path of --python, which every "verified" line names; refused where it cannot be run."""
+    if (found := shutil.which(python)) is None:
+        raise ToolError(f"--python {python}: no executable file of that name{'' if os.sep in python else ' on PATH'}")
+    return os.path.abspath(found)
+
+
+def find(spec: str | None, python: str) -> Target:
+    """TARGET as given, else the Megatron-Bridge that --python imports wherever it runs (an editable one's checkout)."""
+    if spec is not None:
+        return resolve(spec)
+    python = interpreter(python)
+    try:  # the probe's own lookup: a fixed program, told what to do by argv
+        found = subprocess.run([python, "-", "where"], input=PROBE.read_text(), capture_output=True, text=True)
+    except OSError as exc:
+        raise OSError(f"running --python {python}: {exc.strerror}") from None
+    where = Path((found.stdout.strip().splitlines() or [""])[-1])
+    if found.returncode != 0 or where.parts[-2:] != tuple(PACKAGE.split("/")):
+        raise ToolError(f"{python} imports no megatron.bridge; give --python the interpreter that trains, or a TARGET")
+    root = where.parent.parent  # an editable install's src/: its checkout is the TARGET
+    return resolve(str(root.parent if root.name == SRC else root))
+
+
 def resolve(spec: str) -> Target:
     """The target a TARGET argument names."""
     what = "(a TARGET is the directory of a Megatron-Bridge)"
@@ -56,12 +82,12 @@ def resolve(spec: str) -> Target:
     if not path.is_dir():
         raise ToolError(f"{spec}: {'not a directory' if path.exists() else 'no such file or directory'} {what}")
     root = path.resolve()
-    if (root / "src" / PACKAGE).is_dir():
+    if (root / SRC / PACKAGE).is_dir():
         target = Target(spec, root, Kind.CHECKOUT if is_git_top(root) else Kind.TREE)
     elif (root / PACKAGE).is_dir():
         target = Target(spec, root, Kind.INSTALLED)
     else:
-        raise ToolError(f"{spec}: not a Megatron-Bridge tree (neither src/{PACKAGE} nor {PACKAGE} is inside)")
+        raise ToolError(f"{spec}: not a Megatron-Bridge tree (neither {SRC}/{PACKAGE} nor {PACKAGE} is inside)")
     if not target.fixed_file.is_file():
         raise ToolError(f"{spec}: Megatron-Bridge without {GPT_STEP}; too old or too new")
     return target

@@ -4,19 +4,18 @@ its installed files are as shipped; the target is never written."""
 import base64
 import csv
 import hashlib
-import re
 
-from mtp_mask_fix.errors import doing
 from mtp_mask_fix.git import apply_diff, git, stripped
-from mtp_mask_fix.journal import scratch
-from mtp_mask_fix.targets import Target
+from mtp_mask_fix.journal import doing, scratch
+from mtp_mask_fix.patch import changed
+from mtp_mask_fix.targets import Kind, Target
 
 
 def applied(target: Target, diff: str, *, reverse=False) -> tuple[dict[str, bytes], str]:
     """The files `diff` changes, with their bytes once `git apply` (-R) of it on a copy; else {} and git's error."""
     if not diff:
         return {}, ""
-    files = [stripped(path, target.strip) for path in re.findall(r"^\+\+\+ b/(.+)$", diff, re.M)]
+    files = [stripped(path, target.strip) for path in changed(diff)]
     with scratch() as tmp:
         for rel in files:
             with doing(f"copying {target.root / rel} into", tmp):
@@ -27,18 +26,16 @@ def applied(target: Target, diff: str, *, reverse=False) -> tuple[dict[str, byte
         return {rel: (tmp / rel).read_bytes() for rel in files}, ""
 
 
-def applies_to_head(target: Target, diff: str) -> bool:
-    """Whether the diff fits the committed files (`git apply --cached --check` to an index of HEAD)."""
-    with scratch() as tmp:
-        env = {"GIT_INDEX_FILE": str(tmp / "index")}
-        git("read-tree", "HEAD", cwd=target.root, env=env)
-        return not apply_diff(diff, target.root, check=True, cached=True, env=env)
-
-
-def not_as_recorded(target: Target, files: list[str]) -> bool:
-    """Whether any of the files differs from the sha256 its wheel's RECORD (in a *.dist-info beside it) states."""
-    records = [path.read_text().splitlines() for path in target.root.glob("*.dist-info/RECORD")]
-    rows = [row for record in records for row in csv.reader(record)]
+def edited(target: Target, diff: str, files: list[str]) -> bool:
+    """Whether local edits alone keep the diff from applying: it fits a checkout's commit (`git apply --cached --check`
+    to an index of HEAD), or an installed package's `files` differ from the sha256 its wheel's RECORD states."""
+    if target.kind is Kind.CHECKOUT:
+        with scratch() as tmp:
+            env = {"GIT_INDEX_FILE": str(tmp / "index")}
+            git("read-tree", "HEAD", cwd=target.root, env=env)
+            return not apply_diff(diff, target.root, check=True, cached=True, env=env)
+    wheel = target.root.glob("*.dist-info/RECORD") if target.kind is Kind.INSTALLED else []
+    rows = [row for path in wheel for row in csv.reader(path.read_text().splitlines())]
     recorded = {row[0]: row[1] for row in rows if len(row) == 3 and row[0] in files}
     sha = {rel: hashlib.sha256((target.root / rel).read_bytes()).digest() for rel in recorded}
     return any(recorded[rel] != f"sha256={base64.urlsafe_b64encode(sha[rel]).decode().rstrip('=')}" for rel in sha)

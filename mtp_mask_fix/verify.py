@@ -1,5 +1,6 @@
 """`verify`: whether a target hands a model with MTP on the batch's loss_mask, by its behaviour (probe.py)."""
 
+import contextlib
 import ctypes
 import errno
 import json
@@ -10,42 +11,58 @@ import subprocess
 from functools import partial
 from pathlib import Path
 
-from mtp_mask_fix import probe
-from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.journal import scratch
-from mtp_mask_fix.paths import is_gpt_step_of
+from mtp_mask_fix.paths import PROBE, is_gpt_step_of
 from mtp_mask_fix.targets import Target
 
 
 def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -> tuple[bool, str]:
     """Whether the mask reaches the model under `python`, and why: of the target as it is, or given the bytes `after`
     (in a tree of links to its package, those files written there: the target is never written)."""
-    if not after:
-        return _probe(target.import_root, target.label, python)
-    with scratch() as tree:
-        for rel, data in after.items():  # upstream's tests, outside the import root, are never imported
-            if (path := target.root / rel).is_relative_to(target.import_root):
-                (tree / path.relative_to(target.import_root)).parent.mkdir(parents=True, exist_ok=True)
-                (tree / path.relative_to(target.import_root)).write_bytes(data)
-        for folder in {path.relative_to(tree) for path in tree.rglob("*") if path.is_dir()}:
-            for entry in (target.import_root / folder).iterdir():  # the rest of each folder on their way: links
-                if entry.name != "__pycache__" and not os.path.lexists(tree / folder / entry.name):
-                    (tree / folder / entry.name).symlink_to(entry)
-        return _probe(tree, target.label, python)
+    with scratch() if after else contextlib.nullcontext(target.import_root) as root:
+        if after:
+            _lay(target, after, root)
+        return _probe(root, target.label, python)
+
+
+def proven(target: Target, python: str | None, after: dict[str, bytes], failed: str) -> str:
+    """`; verified with PY: why`, "" without `python`; refused (exit 5), after `failed`, where the mask is not seen."""
+    if not python:
+        return ""
+    delivered, reason = verify(target, python, after)
+    if not delivered:
+        raise ToolError(f"{failed}not verified with {python}: {reason}", Exit.FAILED)
+    return f"; verified with {python}: {reason}"
+
+
+def _lay(target: Target, after: dict[str, bytes], tree: Path) -> None:
+    """Make `tree` the target's import root with the files `after` in it, and links to the rest on their way."""
+    for rel, data in after.items():  # upstream's tests, outside the import root, are never imported
+        if (path := target.root / rel).is_relative_to(target.import_root):
+            (tree / path.relative_to(target.import_root)).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path.relative_to(target.import_root)).write_bytes(data)
+    for folder in {path.relative_to(tree) for path in tree.rglob("*") if path.is_dir()}:
+        for entry in (target.import_root / folder).iterdir():
+            if entry.name != "__pycache__" and not os.path.lexists(tree / folder / entry.name):
+                (tree / folder / entry.name).symlink_to(entry)
 
 
 def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
     """What the probe says of the Megatron-Bridge in `root` under `python`."""
-    # probe.py's source through -c: nothing of the tool need be installed there, and no module of its folder shadows
-    # the target's. The probe ends with this process, however it ends.
+    # probe.py's source on stdin: nothing of the tool need be installed there, and no module of its folder shadows
+    # the target's (what is not Python says so of `-`, not of the source). The probe ends with this process.
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    run, env = [python, "-c", Path(probe.__file__).read_text()], dict(os.environ, PYTHONPATH=path)
+    env = dict(os.environ, PYTHONPATH=path)
     ends = partial(_ends_with, os.getpid())
     try:
-        result = subprocess.run(run, capture_output=True, text=True, env=env, cwd=root, preexec_fn=ends)
+        result = subprocess.run(
+            [python, "-"], input=PROBE.read_text(), capture_output=True, text=True, env=env, cwd=root, preexec_fn=ends
+        )
     except OSError as exc:  # no system runs it (ENOEXEC): the user's input; anything else is the OS's
         raise (ToolError if exc.errno == errno.ENOEXEC else OSError)(f"running {python}: {exc.strerror}") from None
-    out, said = result.stdout.strip().splitlines(), (result.stderr.strip() or result.stdout.strip()).splitlines()
+    out = result.stdout.strip().splitlines()
+    said = (result.stderr.strip() or result.stdout.strip()).splitlines() or [f"exit {result.returncode}"]
     try:
         found = json.loads(out[-1]) if result.returncode == 0 and out else None
     except ValueError:
@@ -54,7 +71,6 @@ def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
         if not is_gpt_step_of(found["file"], root):
             return False, f"it imported gpt_step from {found['file']}, not from {label}"
         return found["delivered"], found["reason"]
-    said = said or [f"exit {result.returncode}"]
     if re.search(r"ModuleNotFoundError|ImportError|No module named", said[-1]):  # in the user's terms: what trains
         return False, f"it cannot import what {label} needs ({said[-1]}); give --python the interpreter that trains"
     if result.returncode < 0:

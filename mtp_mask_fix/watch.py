@@ -10,17 +10,16 @@ import tempfile
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.signals import SIGNALS, Interrupted
+from mtp_mask_fix.signals import SIGNALS, Interrupted, exit_code, say
 from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS, UNJUDGED
 
 
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
 
 
-def watch(args) -> tuple[str, Exit]:
-    """CMD leads a process group of its own (a signal to watch goes to all of it once, a second ends it); then what it
-    reported."""
-    command, steps = args.cmd, args.steps
+def watch(command: list[str], *, steps: int | None, strict: bool) -> int:
+    """Run CMD, which leads a process group of its own (a signal to watch goes to all of it once, a second ends it);
+    print what its processes reported, and return watch's exit code."""
     if steps is not None and steps < 1:
         raise ToolError(f"watch: --steps {steps}: not a number of calls (1 or more)")
     if not command or shutil.which(command[0]) is None:
@@ -28,15 +27,19 @@ def watch(args) -> tuple[str, Exit]:
     with tempfile.TemporaryDirectory(prefix="mtp-mask-fix-watch-") as folder:
         (Path(folder) / "sitecustomize.py").symlink_to(Path(__file__).with_name("watched.py"))
         config = {"PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
-        config["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": Exit.UNMASKED * args.strict})
-        job, stopped = subprocess.Popen(command, env=dict(os.environ, **config), start_new_session=True), None
+        config["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": Exit.UNMASKED if strict else 0})
+        job = subprocess.Popen(command, env=dict(os.environ, **config), start_new_session=True)
+        stopped = None
         try:
             code = job.wait()
         except Interrupted as exc:
-            stopped, code = exc, _code_once_stopped(job, signal.Signals[exc.name])
+            stopped = exc
+            code = _code_once_stopped(job, signal.Signals[exc.name])
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the job has ended: what it reported stands
         reports = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]
-        return verdict(command[0], code, reports, stopped, steps)
+    text, code = verdict(command[0], code, reports, stopped, steps)
+    say(text)
+    return code
 
 
 def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
@@ -55,9 +58,9 @@ def verdict(
 ) -> tuple[str, Exit]:
     """The job's line and one per rank whose judged counts are unlike most ranks', from each process's last report,
     for `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on, counting each process's
-    first `steps` calls; and the exit code: 7 when
-    an MTP loss trained against the contract, else 128+n for signal n, 8 when the command failed, 5 if none judged."""
-    total, ranks = {key: sum(r[key] for r in reports) for key in COUNTS}, {}
+    first `steps` calls; and watch's exit code (errors.Exit says what each means)."""
+    total = {key: sum(r[key] for r in reports) for key in COUNTS}
+    ranks = {}
     for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
         ranks.setdefault(int(r["rank"]) if r["rank"] is not None else f"pid {r['pid']}", []).append(r)
     ranks = {who: {key: sum(r[key] for r in rs) for key in COUNTS} for who, rs in ranks.items()}
@@ -77,7 +80,7 @@ def verdict(
     ]
     ranked = [who for who in ranks if isinstance(who, int)]  # every rank, with the MTP loss (its last stage) or not
     run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
-    counted = f"; each process's first {steps} calls counted, --steps" * bool(steps)
+    counted = f"; each process's first {steps} calls counted, --steps" if steps else ""
     head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}{counted}){_against(total)}"
     unjudged = dict(zip(UNJUDGED, ("with no 0/1 mask found in the loss", "whose loss masks after a reduction")))
     unjudged["ambiguous"] = "whose MTP loss counts what one of the loss's masks keeps, not what all of them keep"
@@ -93,14 +96,14 @@ def verdict(
     elif code:
         head += f"; {name} {ended}"
     elif nothing:
-        head += "; no call judged" + ": none was trained" * (not total["trained"])
-    otherwise = stopped.code if stopped else _code(code) or Exit.FAILED * nothing
+        head += "; no call judged" + ("" if total["trained"] else ": none was trained")
+    otherwise = stopped.code if stopped else _code(code) or (Exit.FAILED if nothing else Exit.OK)
     return "\n".join([head, *lines]), Exit.UNMASKED if total["against"] else otherwise
 
 
 def _code(code: int) -> int:
     """watch's exit code for its command's: 128+n for signal n, 8 for any other failure (its own codes mean others)."""
-    return 128 - code if code < 0 else Exit.JOB_FAILED * bool(code)
+    return exit_code(-code) if code < 0 else Exit.JOB_FAILED if code else Exit.OK
 
 
 def _shape(c: dict) -> tuple:
@@ -118,10 +121,13 @@ def _counts(c: dict) -> str:
 
 def _against(c: dict) -> str:
     """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; or that none did."""
-    said = [f"{c['no_mask']} without a loss_mask (core's MTP loss counts every position)"] * bool(c["no_mask"])
-    said += [f"the MTP loss counts {c['counts']} positions the loss's mask leaves out"] * bool(c["counts"])
-    said += [f"the MTP loss leaves out {c['leaves']} positions the loss's mask counts"] * bool(c["leaves"])
-    said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
+    found = {
+        "no_mask": f"{c['no_mask']} without a loss_mask (core's MTP loss counts every position)",
+        "counts": f"the MTP loss counts {c['counts']} positions the loss's mask leaves out",
+        "leaves": f"the MTP loss leaves out {c['leaves']} positions the loss's mask counts",
+    }
+    found |= {f"shift {k}": f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:]}
+    said = [text for key, text in found.items() if c[key]]
     if c["against"]:
         return f": {c['against']} trained against the contract: {'; '.join(said)}"
     return ": no finding" if c["trained"] > sum(c[key] for key in UNJUDGED) else ""

@@ -56,18 +56,40 @@ def test_no_import_cycle():
         pytest.fail(f"import cycle: {exc.args[1]}")
 
 
+# What reading a diff's text, or git apply's complaint about one, takes: its markers, as text or as a regex.
+DIFF_TEXT = re.compile(r"diff --git|(\\?\+){3} b/|--- a/|@@|patch failed")
+
+
+def _reads_diff_text(module: ast.Module) -> bool:
+    """Whether a module imports unidiff, or a string of its (docstrings aside) holds a marker of diff text."""
+    scopes = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    docs = {
+        id(node.body[0].value) for node in ast.walk(module) if isinstance(node, scopes) and ast.get_docstring(node)
+    }
+    strings = [n.value for n in ast.walk(module) if isinstance(n, ast.Constant) and id(n) not in docs]
+    return "unidiff" in {i.split(".")[0] for i in _imports(module)} or any(
+        isinstance(text, str) and DIFF_TEXT.search(text) for text in strings
+    )
+
+
 def test_in_the_tool_only_the_probe_imports_torch_or_megatron_and_only_patch_reads_diff_text():
-    tool = {path.stem: (path, module) for path, module in SOURCES.items() if _room(path) == "mtp_mask_fix"}
-    heavy = {
-        name for name, (_, m) in tool.items() if any(i.split(".")[0] in ("torch", "megatron") for i in _imports(m))
-    }
-    diff = {
-        name
-        for name, (path, module) in tool.items()
-        if "unidiff" in {i.split(".")[0] for i in _imports(module)}
-        or re.search(r"""["'](diff --git|\+\+\+ b/|--- a/|@@ )""", path.read_text())
-    }
+    tool = {path.stem: module for path, module in SOURCES.items() if _room(path) == "mtp_mask_fix"}
+    heavy = {name for name, m in tool.items() if any(i.split(".")[0] in ("torch", "megatron") for i in _imports(m))}
+    diff = {name for name, module in tool.items() if _reads_diff_text(module)}
     assert (heavy, diff) == ({"probe"}, {"patch"})
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        r're.findall(r"^\+\+\+ b/(.+)$", diff, re.M)',  # how trial.py once named a diff's files
+        r're.search(r"patch failed: (\S+):(\d+)", error)',  # how check.py once found the hunk git failed on
+        'text.split("\\n@@", 1)',
+        "from unidiff import PatchSet",
+    ],
+)
+def test_the_diff_text_rule_sees_a_module_that_reads_diff_text(line):
+    assert _reads_diff_text(ast.parse(line))
 
 
 def test_readme_holds_the_exit_codes_and_the_commands_as_the_code_prints_them():

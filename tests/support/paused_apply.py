@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from mtp_mask_fix import apply, cli
+from mtp_mask_fix import apply, cli, journal
+from mtp_mask_fix import verify as verifying
 from mtp_mask_fix.journal import JOURNAL
 
 
@@ -42,7 +43,7 @@ def check(target, patches, _real=apply.check):
 
 
 @contextlib.contextmanager
-def held(_real=apply.held):
+def held(_real=journal.held):
     with _real():
         yield
     if FILES:
@@ -51,7 +52,7 @@ def held(_real=apply.held):
         pause({(True, False): "journaled", (True, True): "replaced", (False, True): "done"}.get((journaled, patched)))
 
 
-def verify(target, python, after=None, _real=apply.verify):
+def verify(target, python, after=None, _real=verifying.verify):
     found = _real(target, python, after)
     pause("verified")
     return found
@@ -63,5 +64,5 @@ def mkdtemp(*args, _real=tempfile.mkdtemp, **kwargs):
     return made
 
 
-apply.check, apply.held, apply.verify, tempfile.mkdtemp = check, held, verify, mkdtemp
+apply.check, journal.held, verifying.verify, tempfile.mkdtemp = check, held, verify, mkdtemp
 cli.main(ARGV)
