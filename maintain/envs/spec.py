@@ -1,5 +1,5 @@
 """What each test environment holds: its key (its folder under .work/envs) and its requirements, .venv's dev group but
-for the line's megatron-core (lines.toml, or the commit a checkout pins for its submodule), transformers and datasets."""
+for the line's megatron-core (lines.toml, or a checkout's submodule commit), transformers and datasets."""
 
 import re
 import shutil
@@ -28,16 +28,10 @@ class Spec(NamedTuple):
     tree: Path | None = None
 
 
-def metadata_file(root: Path) -> Path | None:
-    """A downloaded release's wheel METADATA (its Requires-Dist and Requires-Python)."""
-    return next(iter(root.glob("*.dist-info/METADATA")), None)
-
-
 def requirement(version: str, name: str) -> str:
     """The release wheel's own requirement on `name` (its version specifier, "" when unpinned)."""
-    root = release(version).root
-    fields = Parser().parsestr(metadata_file(root).read_text())
-    return declared(fields.get_all("Requires-Dist") or [], name) or ""
+    (metadata,) = release(version).root.glob("*.dist-info/METADATA")  # what repo.release unpacks of the wheel
+    return declared(Parser().parsestr(metadata.read_text()).get_all("Requires-Dist") or [], name) or ""
 
 
 def declared(requirements: list[str], name: str) -> str | None:
@@ -93,8 +87,8 @@ def checkout_spec(root: Path) -> Spec:
         upstream = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ToolError(f"{root}: no readable pyproject.toml ({exc}); is it a Megatron-Bridge checkout?") from None
-    declared_deps = upstream.get("dependencies")
-    if not isinstance(declared_deps, list):
+    deps = upstream.get("dependencies")
+    if not isinstance(deps, list):
         raise ToolError(f"{root}/pyproject.toml: no static [project].dependencies to read transformers' pin from")
     pinned = git("rev-parse", "--verify", "-q", f"HEAD:{SUBMODULE}", cwd=root, check=False).stdout.strip()
     if not pinned:
@@ -111,9 +105,7 @@ def checkout_spec(root: Path) -> Spec:
         where = f"{SUBMODULE}/megatron/core/package_info.py at {pinned[:12]}"
         raise ToolError(f"{root}: no MAJOR/MINOR/PATCH version in {where}" if info else f"{root}: no {where}")
     version = ".".join(part.group(1) for part in parts)
-    wanted = [f"megatron-core=={version}"]
-    for package in ("transformers", "datasets"):
-        wanted.append(package + (declared(declared_deps, package) or ""))
+    wanted = [f"megatron-core=={version}", *(p + (declared(deps, p) or "") for p in ("transformers", "datasets"))]
     return Spec(f"core{version}-{pinned[:12]}-{_name(wanted[1])}", wanted, _unpacked(lm, pinned))
 
 
@@ -136,7 +128,7 @@ def _unpacked(repo: Path, commit: str) -> Path:
 
 
 def _name(requirement: str) -> str:
-    """A requirement as part of a folder name (megatron-core==0.18.2 -> core0.18.2, transformers<5 -> transformers-lt5)."""
+    """A requirement in a folder name (megatron-core==0.18.2 -> core0.18.2, transformers<5 -> transformers-lt5)."""
     ops = {"==": "", "<=": "le", ">=": "ge", "<": "lt", ">": "gt", "~=": "compat", "!=": "ne", ",": "-"}
     name, rest = re.match(r"^([\w.-]+?)([<>=!~].*)?$", requirement).groups()
     text = re.sub("|".join(map(re.escape, sorted(ops, key=len, reverse=True))), lambda m: ops[m.group()], rest or "")
