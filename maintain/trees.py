@@ -11,11 +11,7 @@ from mtp_mask_fix.patch import Patch
 
 
 def materialise(base: Path, dest: Path, patch: Patch | None = None, *, strip=2, rewrite: dict | None = None, **part):
-    """Make dest the base (the folder holding megatron/bridge) with `patch.part(**part)` applied and `rewrite` written.
-
-    Returns:
-        dest.
-    """
+    """Make dest (returned) the base (which holds megatron/bridge), `patch.part(**part)` applied, `rewrite` written."""
     shutil.rmtree(dest, ignore_errors=True)
     touched = [Path(stripped(path, strip)) for path in (patch.paths(src=part.get("src")) if patch else [])]
     touched += map(Path, rewrite or {})

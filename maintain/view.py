@@ -12,11 +12,7 @@ from mtp_mask_fix.paths import PACKAGE
 
 
 def view(args) -> tuple[str, Exit]:
-    """Write src/ as a copy of the pinned release with the patch applied.
-
-    Returns:
-        What `./run view` prints, and its exit code.
-    """
+    """Write src/, a copy of the pinned release with the patch applied; what `./run view` prints, and its exit code."""
     pinned = release(pins()["megatron-bridge"])
     shutil.rmtree(VIEW, ignore_errors=True)
     # A copy, not links: an edit in src/ must never reach the cached release that red/green runs as shipped. copy2
