@@ -44,16 +44,6 @@ def declared(requirements: list[str], name: str) -> str | None:
     return None
 
 
-def core(version: str) -> str:
-    """megatron-core for a release: lines.toml's row, the pin for the pinned release, else the newest allowed."""
-    name = release(version).root.name
-    if listed := release_lines().get(name, {}).get("megatron-core"):
-        return f"=={listed}"
-    if name == pins()["megatron-bridge"]:
-        return f"=={pins()['megatron-core']}"
-    return f"=={newest('megatron-core', requirement(name, 'megatron-core'))}"
-
-
 def newest(package: str, allowed: str) -> str:
     """The newest release of `package` for INDEX_PYTHON that `allowed` admits, so that a key names what it holds."""
     from packaging.specifiers import SpecifierSet
@@ -70,10 +60,13 @@ def newest(package: str, allowed: str) -> str:
 def spec(version: str) -> Spec:
     """A release's environment: "" (.venv) when it is the pinned one's, else a folder naming the two pins."""
     name = release(version).root.name
+    core = release_lines().get(name, {}).get("megatron-core")  # lines.toml's row, else the pin's or the newest allowed
+    if not core:
+        pinned = name == pins()["megatron-bridge"]
+        core = pins()["megatron-core"] if pinned else newest("megatron-core", requirement(name, "megatron-core"))
     # datasets too: resolved with transformers, so that both agree on huggingface-hub (transformers < 5 needs < 1.0).
-    wanted = [f"megatron-core{core(name)}", *(f"{p}{requirement(name, p)}" for p in ("transformers", "datasets"))]
-    pinned = f"megatron-core=={pins()['megatron-core']}"
-    if wanted[0] == pinned and allows(wanted[1], locked_version("transformers")):
+    wanted = [f"megatron-core=={core}", *(f"{p}{requirement(name, p)}" for p in ("transformers", "datasets"))]
+    if core == pins()["megatron-core"] and allows(wanted[1], locked_version("transformers")):
         return Spec("", wanted)
     return Spec("-".join(_name(req) for req in wanted[:2]), wanted)
 
