@@ -8,7 +8,6 @@ from pathlib import Path
 
 from maintain.repo import checkout
 from mtp_mask_fix import check, cli
-from mtp_mask_fix.check import fixed_how
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
@@ -27,7 +26,7 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
     verdict = check.check(target, patches)
-    if fixed := fixed_how(verdict):
+    if fixed := check.fixed_how(verdict):
         return f"{target.label}: already fixed ({fixed}); no branch made"
     if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")

@@ -1,6 +1,5 @@
-"""Trees to put first on the import path: a base's symlink farm in which only what a diff touches is real."""
-# Every other entry links to the base's, so a session warm from the base keeps its modules: gate's trees and the
-# wrong fixes'.
+"""Trees to put first on the import path: a base's symlink farm in which only what a diff touches is real, every other
+entry a link to the base's, so that a session warm from the base keeps its modules (gate's trees, the wrong fixes')."""
 
 import shutil
 from pathlib import Path

@@ -7,10 +7,10 @@ the push tier: CONTRIBUTING.md). Megatron-LM's trees hold megatron.core itself, 
 environment: their sessions start warm with torch alone.
 """
 
+import contextlib
 import importlib.util
 import json
-import multiprocessing
-import multiprocessing.connection
+import multiprocessing.connection  # and multiprocessing itself
 import os
 import sys
 from pathlib import Path
@@ -40,13 +40,10 @@ def _drop_bridge() -> None:
 def _warm_bridge(tree: str) -> None:
     """Import megatron.bridge from `tree` once, or none where that fails or imports gpt_step (each session's own)."""
     sys.path.insert(0, tree)
-    try:
+    with contextlib.suppress(Exception):  # an import that fails leaves no megatron.bridge in sys.modules
         importlib.import_module("megatron.bridge")
-        shared = GPT_STEP_MODULE not in sys.modules
-    except Exception:
-        shared = False
     sys.path.remove(tree)
-    if not shared:
+    if "megatron.bridge" not in sys.modules or GPT_STEP_MODULE in sys.modules:
         _drop_bridge()
 
 
