@@ -29,25 +29,17 @@ def _usage(parser: argparse.ArgumentParser) -> str:
 
 def commands() -> list[tuple[str, str, str]]:
     """(usage, what it does, who has it) for the tool's commands, then this clone's."""
-    tool = cli.build_parser().commands.choices  # each command's parser, described by its help
-    rows = [(_usage(parser), parser.description, "the tool: installed, or `./run NAME`") for parser in tool.values()]
-    rows += [
-        (_usage(module.parser()), module.parser().description, "this clone")
-        for module in (gate, branch, refresh, view)
-    ]
-    return rows + [(usage, said, "this clone") for usage, said in RUN]
-
-
-def _row(*cells: str) -> str:
-    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"  # a bar inside a cell is escaped
+    tool = cli.build_parser().commands.choices.values()  # each command's parser, described by its help
+    parsers = [(parser, "the tool: installed, or `./run NAME`") for parser in tool]
+    parsers += [(module.parser(), "this clone") for module in (gate, branch, refresh, view)]
+    return [(_usage(p), p.description, who) for p, who in parsers] + [(*row, "this clone") for row in RUN]
 
 
 def table() -> str:
-    """README's Commands table."""
-    return "\n".join(
-        ["| command | what it does | where |", "| --- | --- | --- |"]
-        + [_row(f"`{usage}`", said, who) for usage, said, who in commands()]
-    )
+    """README's Commands table, a bar inside a cell escaped."""
+    rows = [("command", "what it does", "where"), ("---", "---", "---")]
+    rows += [(f"`{usage}`", said, who) for usage, said, who in commands()]
+    return "\n".join("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows)
 
 
 if __name__ == "__main__":  # said: a reader that has gone (`| head`) takes the rest without a traceback

@@ -1,18 +1,13 @@
 """`./run branch CHECKOUT NAME`: the patch as a commit on a new branch of a Megatron-Bridge git checkout, authored and
-signed off by you. The patch queue's first step (CONTRIBUTING.md): amend the commit there, then `./run refresh`
-writes it back; also the branch of the upstream PR.
-
-A DCO-clean commit needs a sign-off by its author, and `git am -s` alone signs off as you but keeps the mailbox's
-placeholder author (mtp-mask-fix <...noreply...>), which the DCO check refuses. By hand, that is
-`git am -s PATCH && git commit --amend --no-edit --reset-author`, with user.name and user.email set to who submits;
-this command does the same in a temporary worktree, so the checkout changes only at the final switch."""
+signed off by you (why both: CONTRIBUTING.md, "Commits"), made in a temporary worktree so that the checkout changes
+only at the final switch. The patch queue's first step (CONTRIBUTING.md): amend the commit there, then `./run refresh`
+writes it back; also the branch of the upstream PR."""
 
 import tempfile
 from pathlib import Path
 
 from maintain.repo import checkout
 from mtp_mask_fix import check, cli
-from mtp_mask_fix.check import fixed_how
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
@@ -20,15 +15,8 @@ from mtp_mask_fix.paths import UPSTREAM_TEST
 from mtp_mask_fix.targets import Target
 
 
-def valid_branch(branch: str) -> None:
-    """A refusal before any work unless git accepts the branch name (`git check-ref-format --branch`)."""
-    if not branch or git("check-ref-format", "--branch", branch, check=False).returncode != 0:
-        raise ToolError(f"branch {branch!r}: not a valid branch name (git check-ref-format --branch)")
-
-
 def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     """Make a new branch of a checkout holding the patch as a commit authored and signed off by you."""
-    # `git am -s` in a temporary worktree: the checkout changes only at the final `git switch`.
     root = target.root
     for key in ("user.name", "user.email"):
         if not git("config", key, cwd=root, check=False).stdout.strip():
@@ -38,7 +26,7 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
     verdict = check.check(target, patches)
-    if fixed := fixed_how(verdict):
+    if fixed := check.fixed_how(verdict):
         return f"{target.label}: already fixed ({fixed}); no branch made"
     if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
@@ -74,16 +62,16 @@ def _git(target: Target, *args: str, cwd: Path | str, code: Exit = Exit.USAGE) -
 
 
 def run(args) -> tuple[str, Exit]:
-    """What `./run branch ARGS` prints, and its exit code."""
-    valid_branch(args.name)
+    """What `./run branch ARGS` prints, and its exit code; a branch name git refuses is refused before any work."""
+    if not args.name or git("check-ref-format", "--branch", args.name, check=False).returncode != 0:
+        raise ToolError(f"branch {args.name!r}: not a valid branch name (git check-ref-format --branch)")
     return make_branch(checkout(args.checkout), check.candidates(), args.name), Exit.OK
 
 
 def parser() -> cli.Parser:
     """`./run branch`'s options; its refusals are the tool's (one line, the same exit codes)."""
-    parser = cli.Parser(
-        prog="./run branch", description="the patch as a signed-off commit on a new branch of a checkout"
-    )
+    said = "the patch as a signed-off commit on a new branch of a checkout"
+    parser = cli.Parser(prog="./run branch", description=said)
     parser.add_argument("checkout", metavar="CHECKOUT", help="the top of a Megatron-Bridge git checkout")
     parser.add_argument("name", metavar="NAME", help="the new branch")
     parser.set_defaults(func=run)

@@ -80,11 +80,6 @@ def _source_hunks(patch: Patch) -> list[tuple[str, int]]:
     return [(f.path, i) for f in patch.files if is_source(f.path) for i in range(len(f))]
 
 
-def release_row(target: Target, patch: Patch) -> Row:
-    """The release as shipped, with the patch's source hunks, and with each left out."""
-    return _row(target, patch, target.root, WORK / "gate" / target.root.name, ("tests/unit_tests",))
-
-
 def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: Path | None = None) -> Target:
     """A checkout at `rev` as a tree of its own (src, tests, their configs; the code of a release's sdist `source`)."""
     # Folder names may be shared; two patches on one commit may need different trees.
@@ -257,8 +252,10 @@ def checked(targets: list[Target], patches: list[Patch]) -> list[Row]:
         if verdict.state != State.APPLIES:
             standing = NOT_APPLYING.get(verdict.state.code, Standing.FAIL)
             rows.append(Row(target, verdict.patch, verdict=standing, notes=[str(verdict)]))
-        elif judged is target:
-            rows.append(release_row(target, verdict.patch))
+        elif judged is target:  # the release as shipped, with the patch's source hunks, and with each left out
+            rows.append(
+                _row(target, verdict.patch, target.root, WORK / "gate" / target.root.name, ("tests/unit_tests",))
+            )
         else:
             rows.append(checkout_row(target, verdict.patch, upstream=judged.root))  # the tree just judged
     return rows
@@ -276,17 +273,12 @@ def table(rows: list[Row], *, seconds: float) -> str:
     return "\n".join([*lines, f"\ngate: {len(rows)} targets, {seconds:.1f} s"])
 
 
-def exit_code(rows: list[Row]) -> Exit:
-    """The exit code of the most severe verdict (exit codes grow with severity)."""
-    return max(row.verdict.value[1] for row in rows)
-
-
 def gate(rows: list[Row], *, python: str, start: float) -> tuple[str, Exit]:
-    """Run the rows' sessions in `python` and judge them; the table (its time counted from `start`), the exit code."""
+    """Run and judge the rows' sessions in `python`; the table (timed from `start`), the worst verdict's exit code."""
     if sessions(rows):
         print(f"[gate] running {len(sessions(rows))} pytest sessions, forked from one warm process", file=sys.stderr)
         evaluate(rows, python)
-    return table(rows, seconds=time.monotonic() - start), exit_code(rows)
+    return table(rows, seconds=time.monotonic() - start), max(row.verdict.value[1] for row in rows)
 
 
 def environment(target: Target) -> str:
@@ -294,9 +286,8 @@ def environment(target: Target) -> str:
     VERSION`, which builds it on first use)."""
     done = subprocess.run([REPO / "run", "python", target.root.name], stdout=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        raise ToolError(
-            f"no environment for {target.label} (`./run python {target.root.name}` failed above)", done.returncode
-        )
+        failed = f"`./run python {target.root.name}` failed above"
+        raise ToolError(f"no environment for {target.label} ({failed})", done.returncode)
     return done.stdout.strip()
 
 
@@ -329,30 +320,17 @@ def run(args) -> tuple[str, Exit]:
 
 
 def parser() -> cli.Parser:
-    """The command line of `./run NAME` for this module: its refusals are the tool's (one line, the same exit codes)."""
+    """`./run gate`'s command line: its refusals are the tool's (one line, the same exit codes)."""
     said = "red/green of the patch on each release and upstream checkout; non-zero unless it holds"
     parser = cli.Parser(prog="./run gate", description=said)
-    parser.add_argument(
-        "--release",
-        metavar="VERSION",
-        action="append",
-        help="a release version or `latest`; repeatable (default: the pin and `latest`)",
-    )
-    parser.add_argument(
-        "--checkout",
-        metavar="DIR",
-        action="append",
-        type=Path,
-        default=[],
-        help="also gate an upstream checkout (HEAD)",
-    )
+    release_help = "a release version or `latest`; repeatable (default: the pin and `latest`)"
+    parser.add_argument("--release", metavar="VERSION", action="append", help=release_help)
+    checkout_help = "also gate an upstream checkout (HEAD)"
+    parser.add_argument("--checkout", metavar="DIR", action="append", type=Path, default=[], help=checkout_help)
     parser.add_argument("--megatron-lm", metavar="DIR", help="also gate the Megatron-LM patches from this repository")
     parser.add_argument("--checkouts-only", action="store_true", help="gate only the --checkout trees, no release")
-    parser.add_argument(
-        "--python",
-        metavar="PY",
-        help="one interpreter for every target (default: each release's own environment; this one for checkouts)",
-    )
+    python_help = "one interpreter for every target (default: each release's own environment; this one for checkouts)"
+    parser.add_argument("--python", metavar="PY", help=python_help)
     parser.add_argument("--patch", type=Path, help="the patch to gate (default: the first in patches/series)")
     parser.set_defaults(func=run)
     return parser

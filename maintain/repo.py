@@ -39,10 +39,8 @@ def pins() -> dict[str, str]:
     """The pinned release (pyproject.toml's [tool.mtp-mask-fix]) and the megatron-core of its dev group."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     core = next(r for r in project["dependency-groups"]["dev"] if re.match(r"megatron-core\s*==", r))
-    return {
-        "megatron-bridge": project["tool"]["mtp-mask-fix"]["megatron-bridge"],
-        "megatron-core": core.partition("==")[2].strip(),
-    }
+    bridge = project["tool"]["mtp-mask-fix"]["megatron-bridge"]
+    return {"megatron-bridge": bridge, "megatron-core": core.partition("==")[2].strip()}
 
 
 def release(version: str) -> Target:

@@ -1,6 +1,5 @@
-"""Trees to put first on the import path: a base's symlink farm in which only what a diff touches is real."""
-# Every other entry links to the base's, so a session warm from the base keeps its modules: gate's trees and the
-# wrong fixes'.
+"""Trees to put first on the import path: a base's symlink farm in which only what a diff touches is real, every other
+entry a link to the base's, so that a session warm from the base keeps its modules (gate's trees, the wrong fixes')."""
 
 import os
 import shutil
@@ -12,11 +11,7 @@ from mtp_mask_fix.patch import Patch
 
 
 def materialise(base: Path, dest: Path, patch: Patch | None = None, *, strip=2, rewrite: dict | None = None, **part):
-    """Make dest the base (the folder holding megatron/bridge) with `patch.part(**part)` applied and `rewrite` written.
-
-    Returns:
-        dest.
-    """
+    """Make dest (returned) the base (which holds megatron/bridge), `patch.part(**part)` applied, `rewrite` written."""
     shutil.rmtree(dest, ignore_errors=True)
     touched = [Path(stripped(path, strip)) for path in (patch.paths(src=part.get("src")) if patch else [])]
     touched += map(Path, rewrite or {})

@@ -12,16 +12,11 @@ from mtp_mask_fix.paths import PACKAGE
 
 
 def view(args) -> tuple[str, Exit]:
-    """Write src/ as a copy of the pinned release with the patch applied.
-
-    Returns:
-        What `./run view` prints, and its exit code.
-    """
+    """Write src/, a copy of the pinned release with the patch applied; what `./run view` prints, and its exit code."""
     pinned = release(pins()["megatron-bridge"])
     shutil.rmtree(VIEW, ignore_errors=True)
-    # A copy, not links: an edit in src/ must never reach the cached release that red/green runs as shipped. copy2
-    # keeps each file's time, so the bytecode written for the copy stays valid for the next one (only gpt_step.py
-    # recompiles).
+    # A copy, not links: an edit in src/ must never reach the cached release red/green runs as shipped. copy2 keeps
+    # each file's time, so the bytecode written for one copy stays valid for the next (only gpt_step.py recompiles).
     shutil.copytree(pinned.root / "megatron", VIEW / "megatron", copy_function=shutil.copy2)
     if error := apply_diff(Patch.load().part(src=True), VIEW, strip=2):
         raise ToolError(f"the patch does not apply to {pinned.label}: {first_error_line(error)}", Exit.DRIFTED)

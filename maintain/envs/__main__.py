@@ -20,13 +20,6 @@ class Parser(argparse.ArgumentParser):
         raise ToolError(f"{message} (see {self.prog} --help)")
 
 
-def parser() -> Parser:
-    """`./run python`'s command line."""
-    parser = Parser(prog="./run python", description=__doc__.split("\n\n")[0])
-    parser.add_argument("line", metavar="VERSION|DIR", nargs="?", help="a release, or an upstream checkout's top")
-    return parser
-
-
 def interpreter(line: str | None) -> Path:
     """Sync the environment of `line` (a release or a checkout; None: .venv) and return its interpreter."""
     if line is None:
@@ -41,14 +34,14 @@ def interpreter(line: str | None) -> Path:
 
 def main() -> int:
     """Print the interpreter; a refusal or a signal is one line on stderr and its exit code."""
+    parser = Parser(prog="./run python", description=__doc__.split("\n\n")[0])
+    parser.add_argument("line", metavar="VERSION|DIR", nargs="?", help="a release, or an upstream checkout's top")
     try:
         with guard():
-            print(interpreter(parser().parse_args().line))
-    except ToolError as exc:
-        print(f"mtp-mask-fix: error: {exc}", file=sys.stderr)
-        return exc.code
-    except Interrupted as exc:
-        print(f"mtp-mask-fix: error: {exc}: run it again to finish", file=sys.stderr)
+            print(interpreter(parser.parse_args().line))
+    except (ToolError, Interrupted) as exc:
+        again = ": run it again to finish" if isinstance(exc, Interrupted) else ""  # a half-made environment
+        print(f"mtp-mask-fix: error: {exc}{again}", file=sys.stderr)
         return exc.code
     return 0
 

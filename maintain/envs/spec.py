@@ -1,5 +1,5 @@
 """What each test environment holds: its key (its folder under .work/envs) and its requirements, .venv's dev group but
-for the line's megatron-core (lines.toml, or the commit a checkout pins for its submodule), transformers and datasets."""
+for the line's megatron-core (lines.toml, or a checkout's submodule commit), transformers and datasets."""
 
 import re
 import shutil
@@ -28,16 +28,10 @@ class Spec(NamedTuple):
     tree: Path | None = None
 
 
-def metadata_file(root: Path) -> Path | None:
-    """A downloaded release's wheel METADATA (its Requires-Dist and Requires-Python)."""
-    return next(iter(root.glob("*.dist-info/METADATA")), None)
-
-
 def requirement(version: str, name: str) -> str:
     """The release wheel's own requirement on `name` (its version specifier, "" when unpinned)."""
-    root = release(version).root
-    fields = Parser().parsestr(metadata_file(root).read_text())
-    return declared(fields.get_all("Requires-Dist") or [], name) or ""
+    (metadata,) = release(version).root.glob("*.dist-info/METADATA")  # what repo.release unpacks of the wheel
+    return declared(Parser().parsestr(metadata.read_text()).get_all("Requires-Dist") or [], name) or ""
 
 
 def declared(requirements: list[str], name: str) -> str | None:
@@ -48,16 +42,6 @@ def declared(requirements: list[str], name: str) -> str | None:
         if found and "extra" not in marker:
             return (found.group(2) or "").replace(" ", "")
     return None
-
-
-def core(version: str) -> str:
-    """megatron-core for a release: lines.toml's row, the pin for the pinned release, else the newest allowed."""
-    name = release(version).root.name
-    if listed := release_lines().get(name, {}).get("megatron-core"):
-        return f"=={listed}"
-    if name == pins()["megatron-bridge"]:
-        return f"=={pins()['megatron-core']}"
-    return f"=={newest('megatron-core', requirement(name, 'megatron-core'))}"
 
 
 def newest(package: str, allowed: str) -> str:
@@ -76,10 +60,13 @@ def newest(package: str, allowed: str) -> str:
 def spec(version: str) -> Spec:
     """A release's environment: "" (.venv) when it is the pinned one's, else a folder naming the two pins."""
     name = release(version).root.name
+    core = release_lines().get(name, {}).get("megatron-core")  # lines.toml's row, else the pin's or the newest allowed
+    if not core:
+        pinned = name == pins()["megatron-bridge"]
+        core = pins()["megatron-core"] if pinned else newest("megatron-core", requirement(name, "megatron-core"))
     # datasets too: resolved with transformers, so that both agree on huggingface-hub (transformers < 5 needs < 1.0).
-    wanted = [f"megatron-core{core(name)}", *(f"{p}{requirement(name, p)}" for p in ("transformers", "datasets"))]
-    pinned = f"megatron-core=={pins()['megatron-core']}"
-    if wanted[0] == pinned and allows(wanted[1], locked_version("transformers")):
+    wanted = [f"megatron-core=={core}", *(f"{p}{requirement(name, p)}" for p in ("transformers", "datasets"))]
+    if core == pins()["megatron-core"] and allows(wanted[1], locked_version("transformers")):
         return Spec("", wanted)
     return Spec("-".join(_name(req) for req in wanted[:2]), wanted)
 
@@ -93,8 +80,8 @@ def checkout_spec(root: Path) -> Spec:
         upstream = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {})
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ToolError(f"{root}: no readable pyproject.toml ({exc}); is it a Megatron-Bridge checkout?") from None
-    declared_deps = upstream.get("dependencies")
-    if not isinstance(declared_deps, list):
+    deps = upstream.get("dependencies")
+    if not isinstance(deps, list):
         raise ToolError(f"{root}/pyproject.toml: no static [project].dependencies to read transformers' pin from")
     pinned = git("rev-parse", "--verify", "-q", f"HEAD:{SUBMODULE}", cwd=root, check=False).stdout.strip()
     if not pinned:
@@ -111,9 +98,7 @@ def checkout_spec(root: Path) -> Spec:
         where = f"{SUBMODULE}/megatron/core/package_info.py at {pinned[:12]}"
         raise ToolError(f"{root}: no MAJOR/MINOR/PATCH version in {where}" if info else f"{root}: no {where}")
     version = ".".join(part.group(1) for part in parts)
-    wanted = [f"megatron-core=={version}"]
-    for package in ("transformers", "datasets"):
-        wanted.append(package + (declared(declared_deps, package) or ""))
+    wanted = [f"megatron-core=={version}", *(p + (declared(deps, p) or "") for p in ("transformers", "datasets"))]
     return Spec(f"core{version}-{pinned[:12]}-{_name(wanted[1])}", wanted, _unpacked(lm, pinned))
 
 
@@ -136,7 +121,7 @@ def _unpacked(repo: Path, commit: str) -> Path:
 
 
 def _name(requirement: str) -> str:
-    """A requirement as part of a folder name (megatron-core==0.18.2 -> core0.18.2, transformers<5 -> transformers-lt5)."""
+    """A requirement in a folder name (megatron-core==0.18.2 -> core0.18.2, transformers<5 -> transformers-lt5)."""
     ops = {"==": "", "<=": "le", ">=": "ge", "<": "lt", ">": "gt", "~=": "compat", "!=": "ne", ",": "-"}
     name, rest = re.match(r"^([\w.-]+?)([<>=!~].*)?$", requirement).groups()
     text = re.sub("|".join(map(re.escape, sorted(ops, key=len, reverse=True))), lambda m: ops[m.group()], rest or "")

@@ -5,10 +5,10 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from maintain.redgreen.contract import Outcome, Run, Session
+from maintain.redgreen.contract import Outcome, Run
 from maintain.repo import REPO
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.paths import GPT_STEP_MODULE
@@ -35,14 +35,12 @@ def run_many(jobs: list[Job], python: str = sys.executable, runner: subprocess.P
     """Run the jobs' sessions, forked from one warm runner; each must import its module from its own tree."""
     runner = runner or start_runner(python)
     with tempfile.TemporaryDirectory() as tmp:
-        sessions = [
-            Session(f"{tmp}/{i}", str(job.tree), job.args, str(job.cwd), job.module) for i, job in enumerate(jobs)
-        ]
-        _, stderr = runner.communicate(json.dumps([session._asdict() for session in sessions]))  # as JSON on stdin
+        sessions = [{"out": f"{tmp}/{i}", **asdict(job)} for i, job in enumerate(jobs)]  # a job and its record's file
+        _, stderr = runner.communicate(json.dumps(sessions, default=str))  # as JSON on stdin, its paths as text
         if runner.returncode != 0:
             why = (stderr.strip().splitlines() or ["?"])[-1]
             raise ToolError(f"the pytest runner failed: {why}", Exit.FAILED)
-        runs = [read_run(Path(session.out)) for session in sessions]
+        runs = [read_run(Path(session["out"])) for session in sessions]
     for job, run in zip(jobs, runs):
         own = os.path.abspath(job.tree / (job.module.replace(".", "/") + ".py"))  # by path: the rest may be links
         if stray := {f for f in run.module_files if os.path.abspath(f) != own}:  # what every verdict rests on

@@ -1,8 +1,7 @@
-"""Red/green's contract: how a test ended, what a session is asked and what it showed, and what breaks the rule."""
+"""Red/green's contract: how each session runs pytest, how a test ended, what a session showed, and what breaks it."""
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
 
 
 # How each session loads the plugin that records its outcomes, whatever the tree's own configuration.
@@ -21,19 +20,9 @@ class Outcome(Enum):
     MISSING = "did not run"  # never recorded: what a run reports for a test it did not see
 
 
-class Session(NamedTuple):
-    """What the runner runs for one job: the file its outcomes go to, its tree, arguments, directory and module."""
-
-    out: str
-    tree: str
-    args: list[str]
-    cwd: str
-    module: str
-
-
 @dataclass
 class Run:
-    """One finished session: each test's outcome, those marked `fail_to_pass`, and which files of its module it imported."""
+    """A finished session: each test's outcome, those marked `fail_to_pass`, and where its module was imported from."""
 
     outcomes: dict[str, Outcome]
     marked: set[str]

@@ -2,22 +2,22 @@
 
 It imports the third-party stack and the first tree's megatron.bridge once (or the tree it was started with, before
 the sessions are known), then forks a pytest session per job with that job's tree first on the import path. A forked
-session keeps the warm megatron.bridge only where each of its modules is the same file in its own tree: it saves the
-push tier about a third of the wrong fixes' CPU time (CONTRIBUTING.md). Megatron-LM's trees hold megatron.core itself,
-which that stack would import from the environment: their sessions start warm with torch alone.
+session keeps the warm megatron.bridge only where each of its modules is the same file in its own tree (what that saves
+the push tier: CONTRIBUTING.md). Megatron-LM's trees hold megatron.core itself, which that stack would import from the
+environment: their sessions start warm with torch alone.
 """
 
+import contextlib
 import importlib.util
 import json
-import multiprocessing
-import multiprocessing.connection
+import multiprocessing.connection  # and multiprocessing itself
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from maintain.redgreen.contract import PYTEST, Session
+from maintain.redgreen.contract import PYTEST
 from mtp_mask_fix.paths import GPT_STEP_MODULE
 
 
@@ -40,13 +40,10 @@ def _drop_bridge() -> None:
 def _warm_bridge(tree: str) -> None:
     """Import megatron.bridge from `tree` once, or none where that fails or imports gpt_step (each session's own)."""
     sys.path.insert(0, tree)
-    try:
+    with contextlib.suppress(Exception):  # an import that fails leaves no megatron.bridge in sys.modules
         importlib.import_module("megatron.bridge")
-        shared = GPT_STEP_MODULE not in sys.modules
-    except Exception:
-        shared = False
     sys.path.remove(tree)
-    if not shared:
+    if "megatron.bridge" not in sys.modules or GPT_STEP_MODULE in sys.modules:
         _drop_bridge()
 
 
@@ -65,29 +62,27 @@ def _adopt_bridge(tree: str, warmed: str) -> None:
             module.__path__ = [os.path.dirname(mine) if getattr(module, "__file__", None) else mine]
 
 
-def _session(session: Session, warmed: str) -> None:
-    _adopt_bridge(session.tree, warmed)
-    os.chdir(session.cwd)
-    Path(session.out).touch()  # a session that records nothing still leaves its file
-    options = ["-o", f"pythonpath={session.tree}", f"--outcomes={session.out}", f"--outcomes-module={session.module}"]
-    pytest.main([*PYTEST, *options, *session.args])
+def _session(warmed: str, out: str, args: list[str], tree: str, cwd: str, module: str) -> None:
+    _adopt_bridge(tree, warmed)
+    os.chdir(cwd)
+    Path(out).touch()  # a session that records nothing still leaves its file
+    pytest.main([*PYTEST, "-o", f"pythonpath={tree}", f"--outcomes={out}", f"--outcomes-module={module}", *args])
 
 
-if __name__ == "__main__":  # the runner: each Session on stdin is one pytest session, in a fork
+if __name__ == "__main__":  # each session on stdin (a client's Job and its `out`) is one pytest run, in a fork
     early = sys.argv[1:2]  # a Megatron-Bridge tree to warm from before the sessions come; they test that module
-    stdin = [] if early else json.loads(sys.stdin.read() or "[]")  # nothing: the suite that started it has ended
-    sessions = [Session(**session) for session in stdin]
-    bridge = all(session.module == GPT_STEP_MODULE for session in sessions)
+    sessions = [] if early else json.loads(sys.stdin.read() or "[]")  # nothing: the suite that started it has ended
+    bridge = all(session["module"] == GPT_STEP_MODULE for session in sessions)
     for module in WARM if bridge else ("torch",):  # what the environment lacks is skipped (core < 0.17: no training)
         if importlib.util.find_spec(module.split(".")[0]) and importlib.util.find_spec(module):
             importlib.import_module(module)
-    warmed = (early or [session.tree for session in sessions] or [None])[0]
+    warmed = (early or [session["tree"] for session in sessions] or [None])[0]
     if warmed and bridge:
         _warm_bridge(warmed)
-    sessions = [Session(**session) for session in json.loads(sys.stdin.read() or "[]")] if early else sessions
+    sessions = json.loads(sys.stdin.read() or "[]") if early else sessions
     parallel = os.cpu_count() or 1
     fork = multiprocessing.get_context("fork")  # not a Pool: it waits forever on a worker that died
-    pending, running = [fork.Process(target=_session, args=(session, warmed)) for session in sessions], []
+    pending, running = [fork.Process(target=_session, args=(warmed,), kwargs=session) for session in sessions], []
     while pending or running:  # a session that dies (os._exit, a signal) ends there: its tests read "did not run"
         while pending and len(running) < parallel:
             running.append(pending.pop(0))
