@@ -51,9 +51,10 @@ class TestTheirPatches:
         assert upstream_of(patch) == MEGATRON_LM and upstream_of(load()) == BRIDGE
 
     def test_every_branch_gets_the_same_test(self):
+        """The hunk that adds it; their imports differ."""
         added = {
             name: [
-                line.value for file in p.files if file.path == TEST_FILE for h in file for line in h if line.is_added
+                line.value for file in p.files if file.path == TEST_FILE for line in file[-1] if line.is_added
             ]
             for name, p in PATCHES.items()
         }
@@ -166,12 +167,13 @@ def test_gate_holds_every_megatron_lm_patch_on_core_s_own_tests(megatron_lm_clon
 
 
 # Lines of the fix's helper as the patches add it, the same on every branch. Each edit is a regex that must match once.
-GUARD = "    if is_training and not _warned_all_ones_mtp_loss_mask:\n"
+GUARD = '    if is_training and torch.distributed.is_initialized() and "warned_no_loss_mask" not in tracker:\n'
 LOG = "        log_on_each_pipeline_stage(\n            logger,\n"
 LEVEL = "            logging.WARNING,\n"
-FLAG = "        _warned_all_ones_mtp_loss_mask = True\n"
+FLAG = '        tracker["warned_no_loss_mask"] = True\n'
 MESSAGE = '"MTP loss without a loss_mask: it falls back to all ones, so the MTP loss and its "\n'
-MESSAGE_END = '"when labels is None and MTP derives the labels from them.",\n'
+STACKLEVEL = "            stacklevel=2,\n"
+MESSAGE_END = '"language-model loss, aligned with labels (with input_ids when labels is None).",\n'
 CORE_WRONG_FIXES = {
     "a warning on every call": [(re.escape(FLAG), "")],
     "a warning with a given loss_mask too": [
@@ -192,6 +194,7 @@ CORE_WRONG_FIXES = {
         )
     ],
     "logged at INFO": [(re.escape(LEVEL), LEVEL.replace("WARNING", "INFO"))],
+    "its record naming utils.py (no stacklevel)": [(re.escape(STACKLEVEL), "")],
     "logged on every rank": [(re.escape(LOG), "        logger.log(\n")],
     "logged on global rank 0 only (log_single_rank)": [
         (re.escape(LOG), LOG.replace("log_on_each_pipeline_stage", "log_single_rank")),
