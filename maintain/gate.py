@@ -53,6 +53,7 @@ class Row:
     red: str = "-"
     green: str = "-"
     unjudged: int = 0  # tests that do not pass on the base here either, where the upstream allows it
+    every_test: bool = False  # each test it runs is judged, whatever its upstream allows
 
 
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
@@ -124,7 +125,17 @@ def megatron_lm_rows(checkout: Target) -> list[Row]:
         label = f"megatron-core {version} + tests {base}" if version else f"Megatron-LM {patch.path.stem} {base}"
         patch = _fitted(patch, root) if version else patch
         rows.append(checkout_row(Target(label, root, Kind.CHECKOUT), patch, upstream=root))
+        rows += [] if version else [nccl_row(rows[-1])]
     return rows
+
+
+def nccl_row(row: Row) -> Row:
+    """The tests `row`'s patch adds or changes, on its base and patched, on two ranks whose collectives refuse CPU tensors
+    as NCCL does on upstream's CI (gloo takes them); tinymodel/site/core_unit_tests_cpu.py starts the second."""
+    args = (*sorted(row.touched), *MEGATRON_LM.options, "--nccl-ranks=2")
+    jobs = [Job(args, job.tree, job.cwd, job.module) for job in (row.base, row.patched)]
+    target = Target(f"{row.target.label} on 2 ranks as NCCL", row.target.root, row.target.kind)
+    return Row(target, row.patch, *jobs, touched=row.touched, every_test=True)
 
 
 def _fitted(patch: Patch, tree: Path) -> Patch:
@@ -207,7 +218,7 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     red = [n for n in patched.outcomes if base.of(n) == Outcome.ASSERTION]
     touched = [n for n in red if n.split("[")[0] in row.touched]
     fail_to_pass = [n for n in patched.outcomes if n in patched.marked or n in touched]
-    every = upstream_of(row.patch).every_test
+    every = upstream_of(row.patch).every_test or row.every_test
     others = [n for n in patched.outcomes if n not in fail_to_pass and (every or base.of(n) == Outcome.PASSED)]
     row.unjudged = len(patched.outcomes) - len(fail_to_pass) - len(others)
     row.notes += problems(base, patched, fail_to_pass, others)
