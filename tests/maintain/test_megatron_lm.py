@@ -133,6 +133,28 @@ class TestRefresh:
         assert build(megatron_lm_checkout(megatron_lm), "HEAD", load(old.path, text)) == text  # byte-stable
 
 
+class TestApplies:
+    """`./run refresh --applies`: a line per mailbox on its branch's tip, naming each hunk that no longer applies."""
+
+    def test_a_line_per_mailbox_and_the_hunk_that_drifted(self, maintain, megatron_lm, git):
+        git(megatron_lm, "branch", "main", "HEAD~1")  # the base, as main.patch's context reads it
+        done = maintain("refresh", "--applies", "--upstream", megatron_lm)
+        tip = git(megatron_lm, "rev-parse", "main").strip()[:10]
+        assert done.returncode == 4 and done.stderr == "", done.stderr
+        assert done.stdout.splitlines() == [
+            f"core_r0.19.0.patch: no origin/core_r0.19.0 nor core_r0.19.0 in {megatron_lm}",
+            f"dev.patch: no origin/dev nor dev in {megatron_lm}",
+            f"main.patch on main {tip}: applies",
+        ]
+        test_file = megatron_lm / TEST_FILE
+        git(megatron_lm, "switch", "--quiet", "main")
+        test_file.write_text(test_file.read_text().replace("    get_tensor_model_parallel_group,\n", "", 1))
+        git(megatron_lm, "commit", "--quiet", "-am", "imports move")
+        line = maintain("refresh", "--applies", "--upstream", megatron_lm).stdout.splitlines()[-1]
+        hunk = str(PATCHES["main"].files[1][0]).splitlines()[0]
+        assert line.endswith(f": does not apply: hunk 1/2 of {TEST_FILE} ({hunk})"), line
+
+
 class TestRefusals:
     def test_gate_refuses_what_is_no_megatron_lm_repository(self, maintain, refused, tmp_path):
         refused(maintain("gate", "--megatron-lm", tmp_path, "--checkouts-only"), 2, "not a Megatron-LM git repository")
