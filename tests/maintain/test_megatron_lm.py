@@ -155,6 +155,45 @@ class TestApplies:
         assert line.endswith(f": does not apply: hunk 1/2 of {TEST_FILE} ({hunk})"), line
 
 
+NCCL_CASES = """
+import os
+
+import torch
+
+
+def test_a_cpu_collective_on_the_default_group():
+    torch.distributed.all_reduce(torch.ones(1))
+
+
+def test_a_cpu_collective_on_a_gloo_group():
+    torch.distributed.all_reduce(torch.ones(1), group=torch.distributed.new_group(backend="gloo"))
+
+
+def test_two_ranks():
+    assert torch.distributed.get_world_size() == 2
+
+
+def test_failing_on_rank_1_only():
+    assert os.environ["RANK"] == "0"
+"""
+
+
+def test_nccl_ranks_refuse_cpu_collectives_as_nccl_does_and_rank_0_speaks_for_all(tmp_path, tool_env):
+    """The CPU plugin's `--nccl-ranks 2`, which gate's second row per branch uses: rank 0's record is every rank's."""
+    (tmp_path / "test_cases.py").write_text(NCCL_CASES)
+    session = [sys.executable, "-m", "pytest", *PYTEST, "-p", "core_unit_tests_cpu", "--nccl-ranks=2"]
+    done = subprocess.run(
+        [*session, f"--outcomes={tmp_path / 'outcomes'}", "test_cases.py"], cwd=tmp_path, env=tool_env, timeout=600
+    )
+    outcomes = {name.split("::")[-1]: outcome for name, outcome in read_run(tmp_path / "outcomes").outcomes.items()}
+    assert done.returncode == 1 and outcomes == {
+        "test_a_cpu_collective_on_the_default_group": Outcome.OTHER_FAILURE,
+        "test_a_cpu_collective_on_a_gloo_group": Outcome.PASSED,
+        "test_two_ranks": Outcome.PASSED,
+        "test_failing_on_rank_1_only": Outcome.ASSERTION,
+    }
+
+
 class TestRefusals:
     def test_gate_refuses_what_is_no_megatron_lm_repository(self, maintain, refused, tmp_path):
         refused(maintain("gate", "--megatron-lm", tmp_path, "--checkouts-only"), 2, "not a Megatron-LM git repository")
