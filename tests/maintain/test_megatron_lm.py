@@ -299,7 +299,9 @@ def _on_ranks(job: Job) -> list[Run]:
         port = str(probe.getsockname()[1])
     own = os.path.abspath(job.tree / (job.module.replace(".", "/") + ".py"))
     with tempfile.TemporaryDirectory() as tmp:
-        session = [sys.executable, "-m", "pytest", *PYTEST, "-o", f"pythonpath={job.tree}", *job.args]
+        # Collectives refuse CPU tensors as upstream's NCCL does (ranks launched here: no outcomes exchanged).
+        as_nccl = f"--nccl-ranks={RANKS}"
+        session = [sys.executable, "-m", "pytest", *PYTEST, "-o", f"pythonpath={job.tree}", *job.args, as_nccl]
         env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE=str(RANKS), MASTER_ADDR="localhost", MASTER_PORT=port)
         ranks = []
         try:
