@@ -253,7 +253,7 @@ CORE_WRONG_FIXES = {
         )
     ],
     "logged at INFO": [(re.escape(LEVEL), LEVEL.replace("WARNING", "INFO"))],
-    "its record naming utils.py (no stacklevel)": [(re.escape(STACKLEVEL), "")],
+    "its record naming utils.py (no stacklevel)": [(re.escape(MESSAGE_END + STACKLEVEL), MESSAGE_END)],
     "logged on every rank": [(re.escape(LOG), "        logger.log(\n")],
     "logged on global rank 0 only (log_single_rank)": [
         (re.escape(LOG), LOG.replace("log_on_each_pipeline_stage", "log_single_rank")),
