@@ -20,7 +20,7 @@ from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome, Run, problems
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
-from maintain.upstreams import BRIDGE, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
+from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
@@ -58,6 +58,7 @@ class Row:
     red: str = "-"
     green: str = "-"
     unjudged: int = 0  # tests that do not pass on the base here either, where the upstream allows it
+    every_test: bool = False  # each test it runs is judged, whatever its upstream allows
 
 
 def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str, ...]) -> Row:
@@ -130,7 +131,17 @@ def megatron_lm_rows(checkout: Target) -> list[Row]:
         label = f"megatron-core {version} + tests {base}" if version else f"Megatron-LM {name} {base}"
         patch = _fitted(patch, root) if version else patch
         rows.append(checkout_row(Target(label, root, Kind.CHECKOUT), patch, upstream=root))
+        rows += [nccl_row(rows[-1])] if upstream_of(patch) == MEGATRON_LM and not version else []  # core's own tests
     return rows
+
+
+def nccl_row(row: Row) -> Row:
+    """The tests `row`'s patch adds or changes, on its base and patched, on two ranks whose collectives refuse CPU tensors
+    as NCCL does on upstream's CI (gloo takes them); tinymodel/site/core_unit_tests_cpu.py starts the second."""
+    args = (*sorted(row.touched), *MEGATRON_LM.options, "--nccl-ranks=2")
+    jobs = [Job(args, job.tree, job.cwd, job.module) for job in (row.base, row.patched)]
+    target = Target(f"{row.target.label} on 2 ranks as NCCL", row.target.root, row.target.kind)
+    return Row(target, row.patch, *jobs, touched=row.touched, every_test=True)
 
 
 def _fitted(patch: Patch, tree: Path) -> Patch:
@@ -215,7 +226,7 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     red = [n for n in patched.outcomes if base.of(n) == Outcome.ASSERTION]
     touched = [n for n in red if n.split("[")[0] in row.touched]
     fail_to_pass = [n for n in patched.outcomes if n in patched.marked or n in touched]
-    every = upstream_of(row.patch).every_test
+    every = upstream_of(row.patch).every_test or row.every_test
     others = [n for n in patched.outcomes if n not in fail_to_pass and (every or base.of(n) == Outcome.PASSED)]
     row.unjudged = len(patched.outcomes) - len(fail_to_pass) - len(others)
     row.notes += problems(base, patched, fail_to_pass, others)

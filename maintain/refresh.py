@@ -7,12 +7,13 @@ the source hunks apply with two lines of trailing context.
 """
 
 import datetime
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 from maintain.repo import checkout, megatron_lm_checkout, release, release_lines
-from maintain.upstreams import BRIDGE, load, upstream_of
+from maintain.upstreams import BRIDGE, MEGATRON_LM_PATCHES, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
@@ -119,10 +120,49 @@ def backports() -> str:
     return "\n".join(said)
 
 
+def applies(root: Path) -> tuple[str, Exit]:
+    """A line per Megatron-LM mailbox: whether it applies to its branch's tip in `root` (origin/BRANCH, else BRANCH),
+    and if not, each hunk that does not; DRIFTED if any does not."""
+    said = []
+    for path in sorted(MEGATRON_LM_PATCHES.rglob("*.patch")):  # callers/ holds the callers' change
+        name = path.relative_to(MEGATRON_LM_PATCHES)
+        ref = next((ref for ref in (f"origin/{path.stem}", path.stem) if _tip(root, ref)), None)
+        if not ref:
+            said.append(f"{name}: no origin/{path.stem} nor {path.stem} in {root}")
+            continue
+        failed = _hunks_refused(root, _tip(root, ref), load(path))
+        verdict = f"does not apply: {'; '.join(failed)}" if failed else "applies"
+        said.append(f"{name} on {ref} {_tip(root, ref)[:10]}: {verdict}")
+    return "\n".join(said), Exit.OK if all(line.endswith(": applies") for line in said) else Exit.DRIFTED
+
+
+def _tip(root: Path, ref: str) -> str:
+    return git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", cwd=root, check=False).stdout.strip()
+
+
+def _hunks_refused(root: Path, tip: str, patch: Patch) -> list[str]:
+    """Each hunk of a Megatron-LM mailbox (read with its sources under src/) that `git apply` refuses on `tip`."""
+    refused = []
+    with tempfile.TemporaryDirectory() as index:  # the tip's tree in an index of its own: no work tree touched
+        env = {"GIT_INDEX_FILE": f"{index}/index"}
+        git("read-tree", tip, cwd=root, env=env)
+        for file in patch.files:
+            head = re.sub(r" ([ab])/src/(megatron|examples)/", r" \1/\2/", str(file).split("\n@@", 1)[0])
+            for i, hunk in enumerate(file, 1):
+                done = git(
+                    "apply", "--cached", "--check", "-", cwd=root, env=env, input=f"{head}\n{hunk}", check=False
+                )
+                name = file.path.removeprefix("src/")
+                refused += [f"hunk {i}/{len(file)} of {name} ({str(hunk).splitlines()[0]})"] * bool(done.returncode)
+    return refused
+
+
 def run(args) -> tuple[str, Exit]:
     """What `./run refresh ARGS` prints, and its exit code."""
     if args.backports:
         return backports(), Exit.OK
+    if args.applies:
+        return applies(megatron_lm_checkout(args.upstream).root)
     python = None if args.no_verify else cli.interpreter(args.python)
     where = (checkout if upstream_of(load(args.patch)) == BRIDGE else megatron_lm_checkout)(args.upstream)
     return refresh(where, args.rev, python=python, patch=args.patch), Exit.OK
@@ -139,6 +179,9 @@ def parser() -> cli.Parser:
     parser.add_argument("--from", dest="rev", default="HEAD", help="the commit, on top of its parent (default: HEAD)")
     parser.add_argument("--patch", type=Path, help="the mailbox to rewrite (default: the first in patches/series)")
     parser.add_argument("--no-verify", action="store_true", help="skip the red/green run and the lint on the checkout")
+    parser.add_argument(
+        "--applies", action="store_true", help="with --upstream (Megatron-LM): say whether each patch applies there"
+    )
     parser.add_argument(
         "--python", metavar="PY", default=sys.executable, help="an interpreter with the checkout's megatron-core"
     )

@@ -59,8 +59,7 @@ def upstream_of(patch: Patch) -> Upstream:
 
 def load(path: Path | None = None, text: str | None = None) -> Patch:
     """A patch of either upstream (the carried one by default); a Megatron-LM mailbox's megatron/ and examples/ read as
-    under src/,
-    where gate puts it, so that Patch's split of source and tests holds for both (its `text` stays the file's)."""
+    under src/, where gate puts it, so that Patch's split of source and tests holds for both (its `text` stays the file's)."""
     path = Path(path or series()[0])
     if MEGATRON_LM_PATCHES not in path.resolve().parents:
         return Patch.load(path) if text is None else Patch.parse(path, text)

@@ -104,10 +104,24 @@ def test_the_co_author_is_left_to_the_poster():
     assert re.fullmatch(r"Co-authored-by: <[^<>@]+> <[^<>@]+>", credit), credit  # no address is guessed
 
 
+def _posted(text: str) -> str:
+    """The text as posted: without the note to the poster at its top, which says to delete it."""
+    return re.sub(r"\A<!--.*?-->\n", "", text, flags=re.S)
+
+
 def test_no_text_speaks_of_this_repo():
     words = ("mtp-mask-fix", "mtp_mask_fix", "./run", ".work", "tiny model", "tinymodel")
-    posted = {name: re.sub(r"\A<!--.*?-->", "", text, flags=re.S) for name, text in TEXTS.items()}  # the note is ours
-    assert {name: [w for w in words if w in text.lower()] for name, text in posted.items()} == dict.fromkeys(TEXTS, [])
+    said = {name: [w for w in words if w in _posted(text).lower()] for name, text in TEXTS.items()}
+    assert said == dict.fromkeys(TEXTS, [])
+
+
+@pytest.mark.parametrize(
+    "name", ["megatron-lm-pr-body.md", "megatron-lm-pr-body-dev.md", "megatron-lm-callers-pr-body.md"]
+)
+def test_a_megatron_lm_pr_body_is_short_and_its_note_says_to_check_it_on_live_upstream_first(name):
+    note = TEXTS[name][: TEXTS[name].index("-->")]
+    assert "Delete this whole comment" in note and "./run refresh --applies --upstream" in note
+    assert len(_posted(TEXTS[name]).split()) < 400
 
 
 def test_the_suggested_code_is_the_patchs():

@@ -52,10 +52,9 @@ class TestTheirPatches:
         assert upstream_of(patch) == MEGATRON_LM and upstream_of(load()) == BRIDGE
 
     def test_every_branch_gets_the_same_test(self):
+        """The hunk that adds it; their imports differ."""
         added = {
-            name: [
-                line.value for file in p.files if file.path == TEST_FILE for h in file for line in h if line.is_added
-            ]
+            name: [line.value for file in p.files if file.path == TEST_FILE for line in file[-1] if line.is_added]
             for name, p in PATCHES.items()
         }
         assert added["main"] == added["dev"] == added["core_r0.19.0"]
@@ -135,6 +134,67 @@ class TestRefresh:
         assert build(megatron_lm_checkout(megatron_lm), "HEAD", load(old.path, text)) == text  # byte-stable
 
 
+class TestApplies:
+    """`./run refresh --applies`: a line per mailbox on its branch's tip, naming each hunk that no longer applies."""
+
+    def test_a_line_per_mailbox_and_the_hunk_that_drifted(self, maintain, megatron_lm, git):
+        git(megatron_lm, "branch", "main", "HEAD~1")  # the base, as main.patch's context reads it
+        done = maintain("refresh", "--applies", "--upstream", megatron_lm)
+        tip = git(megatron_lm, "rev-parse", "main").strip()[:10]
+        assert done.returncode == 4 and done.stderr == "", done.stderr
+        assert done.stdout.splitlines() == [
+            f"core_r0.19.0.patch: no origin/core_r0.19.0 nor core_r0.19.0 in {megatron_lm}",
+            f"dev.patch: no origin/dev nor dev in {megatron_lm}",
+            f"main.patch on main {tip}: applies",
+        ]
+        test_file = megatron_lm / TEST_FILE
+        git(megatron_lm, "switch", "--quiet", "main")
+        test_file.write_text(test_file.read_text().replace("    get_tensor_model_parallel_group,\n", "", 1))
+        git(megatron_lm, "commit", "--quiet", "-am", "imports move")
+        line = maintain("refresh", "--applies", "--upstream", megatron_lm).stdout.splitlines()[-1]
+        hunk = str(PATCHES["main"].files[1][0]).splitlines()[0]
+        assert line.endswith(f": does not apply: hunk 1/2 of {TEST_FILE} ({hunk})"), line
+
+
+NCCL_CASES = """
+import os
+
+import torch
+
+
+def test_a_cpu_collective_on_the_default_group():
+    torch.distributed.all_reduce(torch.ones(1))
+
+
+def test_a_cpu_collective_on_a_gloo_group():
+    torch.distributed.all_reduce(torch.ones(1), group=torch.distributed.new_group(backend="gloo"))
+
+
+def test_two_ranks():
+    assert torch.distributed.get_world_size() == 2
+
+
+def test_failing_on_rank_1_only():
+    assert os.environ["RANK"] == "0"
+"""
+
+
+def test_nccl_ranks_refuse_cpu_collectives_as_nccl_does_and_rank_0_speaks_for_all(tmp_path, tool_env):
+    """The CPU plugin's `--nccl-ranks 2`, which gate's second row per branch uses: rank 0's record is every rank's."""
+    (tmp_path / "test_cases.py").write_text(NCCL_CASES)
+    session = [sys.executable, "-m", "pytest", *PYTEST, "-p", "core_unit_tests_cpu", "--nccl-ranks=2"]
+    done = subprocess.run(
+        [*session, f"--outcomes={tmp_path / 'outcomes'}", "test_cases.py"], cwd=tmp_path, env=tool_env, timeout=600
+    )
+    outcomes = {name.split("::")[-1]: outcome for name, outcome in read_run(tmp_path / "outcomes").outcomes.items()}
+    assert done.returncode == 1 and outcomes == {
+        "test_a_cpu_collective_on_the_default_group": Outcome.OTHER_FAILURE,
+        "test_a_cpu_collective_on_a_gloo_group": Outcome.PASSED,
+        "test_two_ranks": Outcome.PASSED,
+        "test_failing_on_rank_1_only": Outcome.ASSERTION,
+    }
+
+
 class TestRefusals:
     def test_gate_refuses_what_is_no_megatron_lm_repository(self, maintain, refused, tmp_path):
         refused(maintain("gate", "--megatron-lm", tmp_path, "--checkouts-only"), 2, "not a Megatron-LM git repository")
@@ -158,21 +218,22 @@ def megatron_lm_clone(upstream_checkout) -> Path:
 
 
 def test_gate_holds_every_megatron_lm_patch_on_core_s_own_tests(megatron_lm_clone, tool_env):
-    """Red/green on each base-commit and on megatron-core 0.19.2, with the Megatron-LM clone of an upstream checkout
-    that holds those commits (about half an hour on 2 cores)."""
+    """Red/green on each base-commit (its new tests once more on two ranks as NCCL) and on megatron-core 0.19.2, with
+    the Megatron-LM clone of an upstream checkout that holds those commits (about half an hour on 2 cores)."""
     gate = [sys.executable, "-m", "maintain.gate", "--megatron-lm", megatron_lm_clone, "--checkouts-only"]
     result = subprocess.run(gate, cwd=REPO, env=tool_env, capture_output=True, text=True)
     rows = [line for line in result.stdout.splitlines() if line.startswith(("Megatron-LM ", "megatron-core "))]
-    assert result.returncode == 0 and len(rows) == 4 and all(row.endswith("PASS") for row in rows), result.stdout
+    assert result.returncode == 0 and len(rows) == 7 and all(row.endswith("PASS") for row in rows), result.stdout
 
 
 # Lines of the fix's helper as the patches add it, the same on every branch. Each edit is a regex that must match once.
-GUARD = "    if is_training and not _warned_all_ones_mtp_loss_mask:\n"
+GUARD = '    if is_training and torch.distributed.is_initialized() and "warned_no_loss_mask" not in tracker:\n'
 LOG = "        log_on_each_pipeline_stage(\n            logger,\n"
 LEVEL = "            logging.WARNING,\n"
-FLAG = "        _warned_all_ones_mtp_loss_mask = True\n"
+FLAG = '        tracker["warned_no_loss_mask"] = True\n'
 MESSAGE = '"MTP loss without a loss_mask: it falls back to all ones, so the MTP loss and its "\n'
-MESSAGE_END = '"when labels is None and MTP derives the labels from them.",\n'
+STACKLEVEL = "            stacklevel=2,\n"
+MESSAGE_END = '"language-model loss, aligned with labels (with input_ids when labels is None).",\n'
 CORE_WRONG_FIXES = {
     "a warning on every call": [(re.escape(FLAG), "")],
     "a warning with a given loss_mask too": [
@@ -193,6 +254,7 @@ CORE_WRONG_FIXES = {
         )
     ],
     "logged at INFO": [(re.escape(LEVEL), LEVEL.replace("WARNING", "INFO"))],
+    "its record naming utils.py (no stacklevel)": [(re.escape(MESSAGE_END + STACKLEVEL), MESSAGE_END)],
     "logged on every rank": [(re.escape(LOG), "        logger.log(\n")],
     "logged on global rank 0 only (log_single_rank)": [
         (re.escape(LOG), LOG.replace("log_on_each_pipeline_stage", "log_single_rank")),
@@ -238,7 +300,9 @@ def _on_ranks(job: Job) -> list[Run]:
         port = str(probe.getsockname()[1])
     own = os.path.abspath(job.tree / (job.module.replace(".", "/") + ".py"))
     with tempfile.TemporaryDirectory() as tmp:
-        session = [sys.executable, "-m", "pytest", *PYTEST, "-o", f"pythonpath={job.tree}", *job.args]
+        # Collectives refuse CPU tensors as upstream's NCCL does (ranks launched here: no outcomes exchanged).
+        as_nccl = f"--nccl-ranks={RANKS}"
+        session = [sys.executable, "-m", "pytest", *PYTEST, "-o", f"pythonpath={job.tree}", *job.args, as_nccl]
         env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE=str(RANKS), MASTER_ADDR="localhost", MASTER_PORT=port)
         ranks = []
         try:
