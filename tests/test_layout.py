@@ -1,7 +1,7 @@
 """The layout is the architecture: the installed tool imports nothing of this repo but itself, and each room imports
-only the rooms below it (mtp_mask_fix < maintain < tinymodel < experiments < tests), with no cycle; inside the tool
-one module imports torch or megatron (the probe, run in the target's interpreter) and one reads diff text; README's
-tables are the ones the code prints."""
+only the rooms before it (mtp_mask_fix < maintain < tinymodel < experiments < bench < tests), with no cycle; inside
+the tool one module imports torch or megatron (the probe, run in the target's interpreter) and one reads diff text;
+README's tables are the ones the code prints."""
 
 import ast
 import re
