@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from packaging.version import Version
 
 from maintain.repo import patch_file, release, release_lines
 from mtp_mask_fix.reading import read
@@ -44,10 +45,14 @@ class TestReleaseLines:
         assert "already applied" in verdict(cli("check", copy), 3)
         assert cli("apply", "--no-verify", copy).returncode == 0
 
-    def test_readme_names_each_file(self, repo_file):
-        readme = repo_file("README.md").decode()
-        for name in set(RELEASES.values()):
-            assert f"`{name}`" in readme
+    def test_readme_names_each_release_beside_its_file(self, repo_file):
+        """README's release table lists each release line (by name or in an `A to B` span) in the row of its file."""
+        rows = [line.split("|")[1:3] for line in repo_file("README.md").decode().splitlines() if line.startswith("| ")]
+        for version, name in RELEASES.items():
+            (listed,) = [releases for releases, file in rows if f"`{name}`" in file]
+            spans = re.findall(r"(\d+\.\d+\.\d+) to (\d+\.\d+\.\d+)", listed)
+            named = version in re.findall(r"\d+\.\d+\.\d+", listed)
+            assert named or any(Version(a) <= Version(version) <= Version(b) for a, b in spans), (version, listed)
 
 
 class TestBackport:
