@@ -29,12 +29,10 @@ def watch(command: list[str], *, steps: int | None, strict: bool) -> int:
         config = {"PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
         config["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": Exit.UNMASKED if strict else 0})
         job = subprocess.Popen(command, env=dict(os.environ, **config), start_new_session=True)
-        stopped = None
-        try:
-            code = job.wait()
+        try:  # how the job ended: its code, and the signal that stopped it (None)
+            code, stopped = job.wait(), None
         except Interrupted as exc:
-            stopped = exc
-            code = _code_once_stopped(job, signal.Signals[exc.name])
+            code, stopped = _code_once_stopped(job, signal.Signals[exc.name]), exc
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the job has ended: what it reported stands
         reports = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]
     text, code = verdict(command[0], code, reports, stopped, steps)
@@ -73,7 +71,7 @@ def verdict(
         imported = f"imported in {len(ranks)} process(es), never called with MTP on" if ranks else "not seen imported"
         said = f"no MTP loss call: megatron-core's MTP loss {imported} (looked for {LOOKED_FOR}); {UNSEEN}"
         return f"mtp-mask-fix watch: {name}: {said}", Exit.FAILED
-    shapes = {who: _shape(c) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
+    shapes = {who: _judged_kinds(c) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
     usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
     lines = [
         f"  rank {who}: {_counts(ranks[who])}{_against(ranks[who])}" for who in sorted(shapes) if shapes[who] != usual
@@ -106,7 +104,7 @@ def _code(code: int) -> int:
     return exit_code(-code) if code < 0 else Exit.JOB_FAILED if code else Exit.OK
 
 
-def _shape(c: dict) -> tuple:
+def _judged_kinds(c: dict) -> tuple:
     """What is judged of a rank's calls, not its data: the calls' counts, and which findings it has."""
     found = (c["counts"], c["leaves"], *(c[f"shift {k}"] for k in SHIFTS[1:]))
     return (*(c[key] for key in ("trained", "evaluated", "no_labels", "against", "no_mask")), *map(bool, found))
@@ -121,13 +119,10 @@ def _counts(c: dict) -> str:
 
 def _against(c: dict) -> str:
     """Which of the trained calls broke the contract of core's MTP loss, and how, with counts; or that none did."""
-    found = {
-        "no_mask": f"{c['no_mask']} without a loss_mask (core's MTP loss counts every position)",
-        "counts": f"the MTP loss counts {c['counts']} positions the loss's mask leaves out",
-        "leaves": f"the MTP loss leaves out {c['leaves']} positions the loss's mask counts",
-    }
-    found |= {f"shift {k}": f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:]}
-    said = [text for key, text in found.items() if c[key]]
+    said = [f"{c['no_mask']} without a loss_mask (core's MTP loss counts every position)"] if c["no_mask"] else []
+    said += [f"the MTP loss counts {c['counts']} positions the loss's mask leaves out"] if c["counts"] else []
+    said += [f"the MTP loss leaves out {c['leaves']} positions the loss's mask counts"] if c["leaves"] else []
+    said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
     if c["against"]:
         return f": {c['against']} trained against the contract: {'; '.join(said)}"
     return ": no finding" if c["trained"] > sum(c[key] for key in UNJUDGED) else ""

@@ -185,7 +185,7 @@ def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
         out.register_hook(lambda grad: event.__setitem__("reached", True))
 
 
-def _judged(call: dict):
+def _figures_of(call: dict):
     """A trained call's FIGURES as one device tensor: the positions its MTP loss counts against the 0/1 masks its loss
     applied. The call agrees when the MTP loss counts the positions all of them keep; it is not judged where it counts
     those of one mask only (another may be a selection), else it is measured against the closest: all, or one."""
@@ -244,12 +244,12 @@ def _judged(call: dict):
 def _trained(call: dict, where: str | None, gradient) -> None:
     """A backward reached the call's MTP loss: it trains, so it is judged (once, whatever the backwards)."""
     if "shape" in call:
-        values = _judged(call).to("cpu", non_blocking=True)
+        values = _figures_of(call).to("cpu", non_blocking=True)
         if event := sys.modules["torch"].cuda.Event() if gradient.is_cuda else None:
             event.record()
         pending.append((values, event, call["no_labels"], call["mask"] is None))
         call.clear()
-        if _settle(block=CONFIG.get("strict") or not seen["trained"]):  # the first trained call's, synchronised once
+        if _verdict_moved(block=CONFIG.get("strict") or not seen["trained"]):  # the first trained call: one sync
             _report()
         if CONFIG.get("strict") and seen["against"]:
             seen["where"] = where
@@ -260,7 +260,7 @@ def _trained(call: dict, where: str | None, gradient) -> None:
             _exit(CONFIG["strict"])
 
 
-def _settle(block: bool = False) -> bool:
+def _verdict_moved(block: bool = False) -> bool:
     """Count the judged calls whose figures have left their device (all of them when block); whether the process's
     verdict changed (a first trained call, or a first finding of a kind)."""
     before = tuple(bool(seen[key]) for key in ("trained", *JUDGED))
@@ -285,7 +285,7 @@ def _caller() -> str:
 def _report(final: bool = False):
     """Write what this process has counted for watch to read (`final`: its last word, at its end)."""
     if found:
-        _settle(block=True)  # the counts read off their devices: the one synchronisation, never at a call
+        _verdict_moved(block=True)  # the counts read off their devices: the one synchronisation, never at a call
         report = {key: int(seen[key]) for key in COUNTS}
         report.update(rank=os.environ.get("RANK"), pid=os.getpid(), where=seen.get("where"), final=final)
         path = os.path.join(HERE, str(os.getpid()))
@@ -309,7 +309,7 @@ def _wrap(function):
             out.register_hook(functools.partial(_trained, call, _caller() if CONFIG.get("strict") else None))
         elif call is not None:
             seen["evaluated"] += 1
-        if _settle() or time.monotonic() > _due[0]:
+        if _verdict_moved() or time.monotonic() > _due[0]:
             _report()
         return out
 
