@@ -22,7 +22,6 @@ def apply(target: str | None, *, verify: bool, python: str, wait: float = WAIT) 
             undo(tree, touched(tree, patches))
             verdict = check(tree, patches)
     verified = {}  # the new bytes the probe saw hand the model its mask, verified aside beside the other ranks
-    shown = ""  # what the probe said of them
     if verdict.state is State.APPLIES:
         verified = verdict.rewrite
         shown = proven(tree, prober, verified, f"{tree.label}: nothing changed; ")

@@ -1,5 +1,4 @@
-"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces;
-and the line an OS error gets: what the tool was doing, on which path."""
+"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces."""
 
 import base64
 import contextlib
@@ -32,11 +31,6 @@ def doing(what: str, path):
         yield
     except OSError as exc:
         raise OSError(f"{what} {path}: {exc.strerror or exc}") from None
-
-
-def digest(data: bytes | None) -> str | None:
-    """The sha256 of a file's bytes, None for no file."""
-    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 def temp(path: Path) -> Path:
@@ -87,9 +81,8 @@ def scratch():
 class Lock:
     """One command's flock(2) on TARGET's folder: shared to read it, exclusive to write it, never held for a probe."""
 
-    # A waiter sleeps in the kernel's queue and takes the lock once it is free; SIGALRM tells a person still waiting
-    # after 2 s why (once a command), and ends a wait of more than `wait`. It goes with its process, however it ends.
-
+    # A waiter sleeps in the kernel's queue; SIGALRM tells a person still waiting after 2 s why (once a command), and
+    # ends a wait of more than `wait`. It goes with its process, however it ends.
     root: Path
     label: str
     wait: float = WAIT
@@ -146,8 +139,9 @@ def write(target: Target, after: dict[str, bytes], done: str) -> None:
     try:
         with held():
             with doing("reading", root):
-                before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
-            files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
+                files = {rel: {"before": base64.b64encode((root / rel).read_bytes()).decode()} for rel in after}
+            for rel, data in after.items():
+                files[rel]["after"] = hashlib.sha256(data).hexdigest()
             write_atomic(root / JOURNAL, json.dumps({"release": target.release, "files": files}).encode())
         with held():
             for rel, data in after.items():
@@ -196,7 +190,8 @@ def read(root: Path) -> Journal:
         files = {}
     for rel, (before, after) in files.items():
         now = (root / rel).read_bytes() if (root / rel).is_file() else None
-        state = "as before" if now == before else "patched, not verified" if digest(now) == after else "changed since"
+        patched = (None if now is None else hashlib.sha256(now).hexdigest()) == after
+        state = "as before" if now == before else "patched, not verified" if patched else "changed since"
         files[rel] = before, state
     return Journal(True, release, files)
 
@@ -213,10 +208,8 @@ def left(root: Path, files: list[str]) -> str | None:
     if not journal.exists:
         return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
     states = [state for _, state in journal.files.values()]
-    said = (
-        ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items())
-        or "naming no file it can restore: unreadable, or not the tool's"
-    )
+    said = ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items())
+    said = said or "naming no file it can restore: unreadable, or not the tool's"
     if "changed since" in states:
         return f"{JOURNAL} ({said}): if the files are as you want them, remove {root / JOURNAL}"
     then = "puts it back" if set(states) - {"as before"} else "removes it"
@@ -230,14 +223,12 @@ def recover(target: Target, files: list[str]) -> str:
     root = target.root
     journal = read(root)
     states = {rel: state for rel, (_, state) in journal.files.items()}
-    why = next(
-        (f"{rel} is neither as it left it nor as it was" for rel, s in states.items() if s == "changed since"), ""
-    )
+    why = [f"{rel} is neither as it left it nor as it was" for rel, s in states.items() if s == "changed since"]
     if why or target.release != journal.release and "patched, not verified" in states.values():
-        why = why or f"it was made for megatron-bridge {journal.release}, which now holds {target.release}"
+        why.append(f"it was made for megatron-bridge {journal.release}, which now holds {target.release}")
         raise ToolError(
-            f"{target.label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
-            f"files are as you want them, remove {root / JOURNAL} and run the command again"
+            f"{target.label}: changed since an interrupted run left {JOURNAL} ({why[0]}), so nothing was restored; if "
+            f"the files are as you want them, remove {root / JOURNAL} and run the command again"
         )
     done = []
     for rel, (before, state) in journal.files.items():
