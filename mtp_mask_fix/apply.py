@@ -1,5 +1,4 @@
-"""`apply` and `revert`: all or nothing, a write at a time; apply verifies by behaviour what it writes before it
-writes it, no lock held for a probe."""
+"""`apply` and `revert`: all or nothing; apply verifies by behaviour what it writes, no lock held for the probe."""
 
 from mtp_mask_fix.check import State, candidates, check, fixed_how, touched
 from mtp_mask_fix.errors import Exit, ToolError

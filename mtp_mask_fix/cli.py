@@ -68,7 +68,6 @@ def verify_command(target: str | None, *, python: str) -> int:
 
 
 def seconds(text: str) -> float:
-    """The seconds that --wait gives, 0 or more."""
     if not re.fullmatch(r"\d+(\.\d*)?", text):
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
     return float(text)
@@ -86,7 +85,6 @@ COMMANDS = {  # each command's help, and what its --python is for
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command that `args` names, given its named parameters."""
     if args.command == "apply":
         return apply(args.target, verify=not args.no_verify, python=args.python, wait=args.wait)
     if args.command == "revert":

@@ -128,8 +128,7 @@ class Journal:
 
 
 def write(target: Target, after: dict[str, bytes], done: str) -> None:
-    """Give the files the bytes `after` under a journal of the bytes they had, all or nothing, refused where one is
-    read-only (`done`: the work, should a signal end it)."""
+    """Give the files the bytes `after` under a journal of the bytes they had, all or nothing; `done`: the work."""
     root = target.root
     for path in [root, *[where for rel in after for where in (root / rel, (root / rel).parent)]]:
         # Read-only by its mode (root writes anything, but the mode states intent), or by access(2): its mount too.

@@ -55,7 +55,7 @@ def interpreter(python: str) -> str:
 
 
 def find(spec: str | None, python: str) -> Target:
-    """TARGET as given, else the Megatron-Bridge that --python imports wherever it runs (an editable one's checkout)."""
+    """TARGET as given, else the Megatron-Bridge that --python imports where it runs (an editable one's checkout)."""
     if spec is not None:
         return resolve(spec)
     python = interpreter(python)

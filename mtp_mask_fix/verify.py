@@ -18,8 +18,7 @@ from mtp_mask_fix.targets import Target
 
 
 def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -> tuple[bool, str]:
-    """Whether the mask reaches the model under `python`, and why: of the target as it is, or given the bytes `after`
-    (in a tree of links to its package, those files written there: the target is never written)."""
+    """Whether the mask reaches the model under `python`, and why: in the target, or in links to it with `after`."""
     with scratch() if after else contextlib.nullcontext(target.import_root) as root:
         for rel, data in (after or {}).items():  # upstream's tests, outside the import root, are never imported
             if (path := target.root / rel).is_relative_to(target.import_root):
