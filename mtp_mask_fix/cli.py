@@ -104,10 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.set_defaults(func=run)  # for every command: none sets its own
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
     for name, (help, python) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(func=run)
         p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; default: what --python imports")
         p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
         if name == "apply":
@@ -117,7 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
     said = "run CMD as it is: does megatron-core's MTP loss train on what it assumes?"
     p = sub.add_parser("watch", help=said, description=said)
-    p.set_defaults(func=run)
     p.add_argument("--strict", action="store_true", help="stop at the first call against it, naming its caller")
     p.add_argument("--steps", metavar="N", type=int, help="count each process's first N MTP loss calls only")
     p.add_argument("cmd", metavar="CMD", nargs="*", help="after --: the job, e.g. torchrun ... pretrain.py ...")

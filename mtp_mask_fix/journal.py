@@ -93,11 +93,9 @@ class Lock:
         tell = not self.told and self.wait > 2
 
         def alarm(signum, frame):
-            nonlocal tell
-            if not tell:
+            if not tell or self.told:
                 raise TimeoutError
             print(f"mtp-mask-fix: waiting for the lock on {self.label}, which another process holds", file=sys.stderr)
-            tell = False
             self.told = True
 
         with doing("locking", self.root):
