@@ -214,9 +214,8 @@ def left(root: Path, files: list[str]) -> str | None:
 
 
 def recover(target: Target, files: list[str]) -> str:
-    """Undo what a killed write left; what it put back and removed, "" if nothing."""
+    """Undo what a killed write left, under the caller's lock and held(); what it put back and removed, or ""."""
     # Refused where the tree changed since: a file neither as before nor as replaced, or another release in its place.
-    # The caller holds the writer's lock, with signals held.
     root = target.root
     journal = read(root)
     states = {rel: state for rel, (_, state) in journal.files.items()}

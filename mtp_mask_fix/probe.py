@@ -1,8 +1,7 @@
 """verify's probe: the target's own `forward_step` and `get_batch` with MTP on, and a model that records its kwargs."""
 
-# Run as a script (its source on stdin) in the interpreter that trains, the target first on PYTHONPATH; it prints
-# one JSON object (with the argument `where`: the folder of its megatron.bridge). The one module of the tool that
-# imports torch and megatron, and nothing of the tool.
+# Run by its source on stdin in the interpreter that trains, the target first on PYTHONPATH, it prints one JSON object
+# (`where`: its megatron.bridge's folder). The tool's one module that imports torch and megatron, and none of the tool.
 
 import importlib.util
 import json

@@ -45,8 +45,7 @@ def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
     """What the probe says of the Megatron-Bridge in `root` under `python`."""
     # probe.py's source on stdin: nothing of the tool need be installed there, and no module of its folder shadows
     # the target's (what is not Python says so of `-`, not of the source). The probe ends with this process.
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     ends = partial(_ends_with, os.getpid())
     try:
         result = subprocess.run(
