@@ -1,5 +1,4 @@
-"""`apply` and `revert`: all or nothing, a write at a time; apply verifies by behaviour what it writes before it
-writes it, no lock held for a probe."""
+"""`apply` and `revert`: all or nothing; apply verifies by behaviour what it writes, no lock held for the probe."""
 
 from mtp_mask_fix.check import State, candidates, check, fixed_how, touched
 from mtp_mask_fix.errors import Exit, ToolError
@@ -22,7 +21,6 @@ def apply(target: str | None, *, verify: bool, python: str, wait: float = WAIT) 
             undo(tree, touched(tree, patches))
             verdict = check(tree, patches)
     verified = {}  # the new bytes the probe saw hand the model its mask, verified aside beside the other ranks
-    shown = ""  # what the probe said of them
     if verdict.state is State.APPLIES:
         verified = verdict.rewrite
         shown = proven(tree, prober, verified, f"{tree.label}: nothing changed; ")

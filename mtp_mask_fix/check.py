@@ -107,9 +107,8 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
         return Verdict(target, State.UNTOLD, patch=patch, why=reading.why)
     with_tests, moved = trial.applied(target, tests, reverse=bool(reverted)) if changed else ({}, "")
     if not changed:
-        edited = trial.edited(target, source, [gpt_step])  # only local edits in the way
         found = _departs(target, patch, error)
-        if edited:
+        if trial.edited(target, source, [gpt_step]):  # only local edits in the way
             state = State.LOCAL_CHANGES if target.kind is Kind.CHECKOUT else State.INSTALLED_EDITS
             return Verdict(target, state, found.split(" ")[0] or first_error_line(error), patch)
         said = f"{found} is not what its hunk has there" if found else f"git says {first_error_line(error)}"

@@ -68,7 +68,6 @@ def verify_command(target: str | None, *, python: str) -> int:
 
 
 def seconds(text: str) -> float:
-    """The seconds that --wait gives, 0 or more."""
     if not re.fullmatch(r"\d+(\.\d*)?", text):
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}")
     return float(text)
@@ -86,7 +85,6 @@ COMMANDS = {  # each command's help, and what its --python is for
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command that `args` names, given its named parameters."""
     if args.command == "apply":
         return apply(args.target, verify=not args.no_verify, python=args.python, wait=args.wait)
     if args.command == "revert":
@@ -106,10 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.set_defaults(func=run)  # for every command: none sets its own
     sub = parser.add_subparsers(dest="command", parser_class=Parser)
     for name, (help, python) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help)
-        p.set_defaults(func=run)
         p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; default: what --python imports")
         p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
         if name == "apply":
@@ -119,7 +117,6 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
     said = "run CMD as it is: does megatron-core's MTP loss train on what it assumes?"
     p = sub.add_parser("watch", help=said, description=said)
-    p.set_defaults(func=run)
     p.add_argument("--strict", action="store_true", help="stop at the first call against it, naming its caller")
     p.add_argument("--steps", metavar="N", type=int, help="count each process's first N MTP loss calls only")
     p.add_argument("cmd", metavar="CMD", nargs="*", help="after --: the job, e.g. torchrun ... pretrain.py ...")

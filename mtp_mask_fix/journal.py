@@ -1,5 +1,4 @@
-"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces;
-and the line an OS error gets: what the tool was doing, on which path."""
+"""What makes a write all or nothing: a lock on TARGET, one rename a file, a journal of the bytes a write replaces."""
 
 import base64
 import contextlib
@@ -32,11 +31,6 @@ def doing(what: str, path):
         yield
     except OSError as exc:
         raise OSError(f"{what} {path}: {exc.strerror or exc}") from None
-
-
-def digest(data: bytes | None) -> str | None:
-    """The sha256 of a file's bytes, None for no file."""
-    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 def temp(path: Path) -> Path:
@@ -87,9 +81,8 @@ def scratch():
 class Lock:
     """One command's flock(2) on TARGET's folder: shared to read it, exclusive to write it, never held for a probe."""
 
-    # A waiter sleeps in the kernel's queue and takes the lock once it is free; SIGALRM tells a person still waiting
-    # after 2 s why (once a command), and ends a wait of more than `wait`. It goes with its process, however it ends.
-
+    # A waiter sleeps in the kernel's queue; SIGALRM tells a person still waiting after 2 s why (once a command), and
+    # ends a wait of more than `wait`. It goes with its process, however it ends.
     root: Path
     label: str
     wait: float = WAIT
@@ -100,11 +93,9 @@ class Lock:
         tell = not self.told and self.wait > 2
 
         def alarm(signum, frame):
-            nonlocal tell
-            if not tell:
+            if not tell or self.told:
                 raise TimeoutError
             print(f"mtp-mask-fix: waiting for the lock on {self.label}, which another process holds", file=sys.stderr)
-            tell = False
             self.told = True
 
         with doing("locking", self.root):
@@ -135,8 +126,7 @@ class Journal:
 
 
 def write(target: Target, after: dict[str, bytes], done: str) -> None:
-    """Give the files the bytes `after` under a journal of the bytes they had, all or nothing, refused where one is
-    read-only (`done`: the work, should a signal end it)."""
+    """Give the files the bytes `after` under a journal of the bytes they had, all or nothing; `done`: the work."""
     root = target.root
     for path in [root, *[where for rel in after for where in (root / rel, (root / rel).parent)]]:
         # Read-only by its mode (root writes anything, but the mode states intent), or by access(2): its mount too.
@@ -146,8 +136,9 @@ def write(target: Target, after: dict[str, bytes], done: str) -> None:
     try:
         with held():
             with doing("reading", root):
-                before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
-            files = {rel: {"before": before[rel], "after": digest(data)} for rel, data in after.items()}
+                files = {rel: {"before": base64.b64encode((root / rel).read_bytes()).decode()} for rel in after}
+            for rel, data in after.items():
+                files[rel]["after"] = hashlib.sha256(data).hexdigest()
             write_atomic(root / JOURNAL, json.dumps({"release": target.release, "files": files}).encode())
         with held():
             for rel, data in after.items():
@@ -196,7 +187,8 @@ def read(root: Path) -> Journal:
         files = {}
     for rel, (before, after) in files.items():
         now = (root / rel).read_bytes() if (root / rel).is_file() else None
-        state = "as before" if now == before else "patched, not verified" if digest(now) == after else "changed since"
+        patched = (None if now is None else hashlib.sha256(now).hexdigest()) == after
+        state = "as before" if now == before else "patched, not verified" if patched else "changed since"
         files[rel] = before, state
     return Journal(True, release, files)
 
@@ -213,10 +205,8 @@ def left(root: Path, files: list[str]) -> str | None:
     if not journal.exists:
         return f"the temporary file {', '.join(stray)}; the next `apply` or `revert` removes it" if stray else None
     states = [state for _, state in journal.files.values()]
-    said = (
-        ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items())
-        or "naming no file it can restore: unreadable, or not the tool's"
-    )
+    said = ", ".join(f"{rel} {state}" for rel, (_, state) in journal.files.items())
+    said = said or "naming no file it can restore: unreadable, or not the tool's"
     if "changed since" in states:
         return f"{JOURNAL} ({said}): if the files are as you want them, remove {root / JOURNAL}"
     then = "puts it back" if set(states) - {"as before"} else "removes it"
@@ -224,20 +214,17 @@ def left(root: Path, files: list[str]) -> str | None:
 
 
 def recover(target: Target, files: list[str]) -> str:
-    """Undo what a killed write left; what it put back and removed, "" if nothing."""
+    """Undo what a killed write left, under the caller's lock and held(); what it put back and removed, or ""."""
     # Refused where the tree changed since: a file neither as before nor as replaced, or another release in its place.
-    # The caller holds the writer's lock, with signals held.
     root = target.root
     journal = read(root)
     states = {rel: state for rel, (_, state) in journal.files.items()}
-    why = next(
-        (f"{rel} is neither as it left it nor as it was" for rel, s in states.items() if s == "changed since"), ""
-    )
+    why = [f"{rel} is neither as it left it nor as it was" for rel, s in states.items() if s == "changed since"]
     if why or target.release != journal.release and "patched, not verified" in states.values():
-        why = why or f"it was made for megatron-bridge {journal.release}, which now holds {target.release}"
+        why.append(f"it was made for megatron-bridge {journal.release}, which now holds {target.release}")
         raise ToolError(
-            f"{target.label}: changed since an interrupted run left {JOURNAL} ({why}), so nothing was restored; if the "
-            f"files are as you want them, remove {root / JOURNAL} and run the command again"
+            f"{target.label}: changed since an interrupted run left {JOURNAL} ({why[0]}), so nothing was restored; if "
+            f"the files are as you want them, remove {root / JOURNAL} and run the command again"
         )
     done = []
     for rel, (before, state) in journal.files.items():

@@ -1,8 +1,7 @@
 """verify's probe: the target's own `forward_step` and `get_batch` with MTP on, and a model that records its kwargs."""
 
-# Run as a script (its source on stdin) in the interpreter that trains, the target first on PYTHONPATH; it prints
-# one JSON object (with the argument `where`: the folder of its megatron.bridge). The one module of the tool that
-# imports torch and megatron, and nothing of the tool.
+# Run by its source on stdin in the interpreter that trains, the target first on PYTHONPATH, it prints one JSON object
+# (`where`: its megatron.bridge's folder). The tool's one module that imports torch and megatron, and none of the tool.
 
 import importlib.util
 import json
@@ -21,12 +20,8 @@ def _batch(torch):
         def cuda(self, *args, **kwargs):
             return self
 
-    tensors = {
-        "tokens": [[5, 6, 7, 8], [9, 10, 11, 0]],
-        "labels": [[6, 7, 8, 0], [10, 11, 0, 0]],
-        "loss_mask": LOSS_MASK,
-        "position_ids": [[0, 1, 2, 3], [0, 1, 2, 3]],
-    }
+    tensors = dict(tokens=[[5, 6, 7, 8], [9, 10, 11, 0]], labels=[[6, 7, 8, 0], [10, 11, 0, 0]], loss_mask=LOSS_MASK)
+    tensors["position_ids"] = [[0, 1, 2, 3], [0, 1, 2, 3]]
     batch = {key: torch.tensor(value).as_subclass(Resident) for key, value in tensors.items()}
     return batch | {"attention_mask": None}
 
@@ -47,6 +42,7 @@ def global_state():
 def probe() -> dict:
     """The gpt_step.py that ran, whether the model received the batch's loss_mask, and why."""
     import torch
+    from megatron.core import parallel_state
 
     import megatron.bridge.training.gpt_step as gpt_step
 
@@ -55,8 +51,6 @@ def probe() -> dict:
     def model(**kwargs):
         seen.update(kwargs)
         return torch.zeros(2, 4)
-
-    from megatron.core import parallel_state
 
     # A job of one rank: every process group (pipeline, context, tensor parallel) is that rank's world, set up as
     # megatron-core sets it up, for the lines whose get_batch asks parallel_state which stage it runs.

@@ -14,7 +14,7 @@ MTP_ON = ast.dump(ast.parse('(getattr(config, "mtp_num_layers", None) or 0) > 0'
 
 @dataclass(frozen=True)
 class Reading:
-    """Whether the text shows the fix (True), shows it missing (False) or neither (None: the probe decides), and why."""
+    """Whether the text shows the fix (True), shows it missing (False) or neither (None: the probe decides); why."""
 
     fixed: bool | None
     why: str = ""  # `FILE:LINE `text`` and what is amiss there; "" where fixed

@@ -1,5 +1,4 @@
-"""The signals every command handles: `guard()` raises Interrupted for them, `held()` defers them past a write, and
-`say()` blocks them once a command's outcome stands."""
+"""The signals every command handles: raised as Interrupted (`guard`), held past a write, blocked once `say` ends."""
 
 import contextlib
 import os
@@ -54,8 +53,7 @@ def held():
 
 
 def say(text: str, *, final: bool = True) -> None:
-    """Print a line of a command's outcome; once `final` it stands: no signal is delivered from here on. A reader that
-    has gone (`| head`) takes nothing of it."""
+    """Print a line of a command's outcome, after which, if `final`, no signal is delivered; `| head` may take none."""
     if final:
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
     try:

@@ -55,7 +55,7 @@ def interpreter(python: str) -> str:
 
 
 def find(spec: str | None, python: str) -> Target:
-    """TARGET as given, else the Megatron-Bridge that --python imports wherever it runs (an editable one's checkout)."""
+    """TARGET as given, else the Megatron-Bridge that --python imports where it runs (an editable one's checkout)."""
     if spec is not None:
         return resolve(spec)
     python = interpreter(python)
@@ -82,8 +82,11 @@ def resolve(spec: str) -> Target:
     if not path.is_dir():
         raise ToolError(f"{spec}: {'not a directory' if path.exists() else 'no such file or directory'} {what}")
     root = path.resolve()
-    if (root / SRC / PACKAGE).is_dir():
-        target = Target(spec, root, Kind.CHECKOUT if is_git_top(root) else Kind.TREE)
+    if (root / SRC / PACKAGE).is_dir():  # a checkout: the top of a git work tree with a commit at HEAD
+        asked = ["rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD^{commit}"]
+        top = git(*asked, cwd=root, check=False) if (root / ".git").exists() else None
+        checkout = bool(top) and top.returncode == 0 and Path(top.stdout.splitlines()[0]).resolve() == root
+        target = Target(spec, root, Kind.CHECKOUT if checkout else Kind.TREE)
     elif (root / PACKAGE).is_dir():
         target = Target(spec, root, Kind.INSTALLED)
     else:
@@ -91,10 +94,3 @@ def resolve(spec: str) -> Target:
     if not target.fixed_file.is_file():
         raise ToolError(f"{spec}: Megatron-Bridge without {GPT_STEP}; too old or too new")
     return target
-
-
-def is_git_top(root: Path) -> bool:
-    """Whether root is the top of a git work tree (not just somewhere inside one) with a commit at HEAD."""
-    found = ["rev-parse", "--show-toplevel", "--verify", "--quiet", "HEAD^{commit}"]
-    top = git(*found, cwd=root, check=False) if (root / ".git").exists() else None
-    return bool(top) and top.returncode == 0 and Path(top.stdout.splitlines()[0]).resolve() == root

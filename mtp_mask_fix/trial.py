@@ -1,5 +1,4 @@
-"""git and the wheel's RECORD on a copy of a target's files: whether a diff applies, or fits its commit, and whether
-its installed files are as shipped; the target is never written."""
+"""git and the wheel's RECORD on a copy of a target's files (never the target): whether a diff applies or fits."""
 
 import base64
 import csv
@@ -27,8 +26,7 @@ def applied(target: Target, diff: str, *, reverse=False) -> tuple[dict[str, byte
 
 
 def edited(target: Target, diff: str, files: list[str]) -> bool:
-    """Whether local edits alone keep the diff from applying: it fits a checkout's commit (`git apply --cached --check`
-    to an index of HEAD), or an installed package's `files` differ from the sha256 its wheel's RECORD states."""
+    """Whether local edits alone keep the diff from applying: it fits HEAD, or `files` are not as RECORD states."""
     if target.kind is Kind.CHECKOUT:
         with scratch() as tmp:
             env = {"GIT_INDEX_FILE": str(tmp / "index")}

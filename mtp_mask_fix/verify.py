@@ -18,11 +18,16 @@ from mtp_mask_fix.targets import Target
 
 
 def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -> tuple[bool, str]:
-    """Whether the mask reaches the model under `python`, and why: of the target as it is, or given the bytes `after`
-    (in a tree of links to its package, those files written there: the target is never written)."""
+    """Whether the mask reaches the model under `python`, and why: in the target, or in links to it with `after`."""
     with scratch() if after else contextlib.nullcontext(target.import_root) as root:
-        if after:
-            _lay(target, after, root)
+        for rel, data in (after or {}).items():  # upstream's tests, outside the import root, are never imported
+            if (path := target.root / rel).is_relative_to(target.import_root):
+                (root / path.relative_to(target.import_root)).parent.mkdir(parents=True, exist_ok=True)
+                (root / path.relative_to(target.import_root)).write_bytes(data)
+        for folder in {path.relative_to(root) for path in root.rglob("*") if path.is_dir()} if after else []:
+            for entry in (target.import_root / folder).iterdir():  # links to the rest on the new files' way
+                if entry.name != "__pycache__" and not os.path.lexists(root / folder / entry.name):
+                    (root / folder / entry.name).symlink_to(entry)
         return _probe(root, target.label, python)
 
 
@@ -36,24 +41,11 @@ def proven(target: Target, python: str | None, after: dict[str, bytes], failed: 
     return f"; verified with {python}: {reason}"
 
 
-def _lay(target: Target, after: dict[str, bytes], tree: Path) -> None:
-    """Make `tree` the target's import root with the files `after` in it, and links to the rest on their way."""
-    for rel, data in after.items():  # upstream's tests, outside the import root, are never imported
-        if (path := target.root / rel).is_relative_to(target.import_root):
-            (tree / path.relative_to(target.import_root)).parent.mkdir(parents=True, exist_ok=True)
-            (tree / path.relative_to(target.import_root)).write_bytes(data)
-    for folder in {path.relative_to(tree) for path in tree.rglob("*") if path.is_dir()}:
-        for entry in (target.import_root / folder).iterdir():
-            if entry.name != "__pycache__" and not os.path.lexists(tree / folder / entry.name):
-                (tree / folder / entry.name).symlink_to(entry)
-
-
 def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
     """What the probe says of the Megatron-Bridge in `root` under `python`."""
     # probe.py's source on stdin: nothing of the tool need be installed there, and no module of its folder shadows
     # the target's (what is not Python says so of `-`, not of the source). The probe ends with this process.
-    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     ends = partial(_ends_with, os.getpid())
     try:
         result = subprocess.run(
@@ -63,10 +55,9 @@ def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
         raise (ToolError if exc.errno == errno.ENOEXEC else OSError)(f"running {python}: {exc.strerror}") from None
     out = result.stdout.strip().splitlines()
     said = (result.stderr.strip() or result.stdout.strip()).splitlines() or [f"exit {result.returncode}"]
-    try:
+    found = None
+    with contextlib.suppress(ValueError):
         found = json.loads(out[-1]) if result.returncode == 0 and out else None
-    except ValueError:
-        found = None
     if isinstance(found, dict) and {"file", "delivered", "reason"} <= found.keys():
         if not is_gpt_step_of(found["file"], root):
             return False, f"it imported gpt_step from {found['file']}, not from {label}"
@@ -83,9 +74,7 @@ def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
 def _ends_with(parent: int) -> None:
     """Have the probe killed when the tool dies, kill -9 included (Linux's parent-death signal), or end it now."""
     # Elsewhere a Ctrl-C still reaches its process group.
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
     if os.getppid() != parent:
         os._exit(1)
