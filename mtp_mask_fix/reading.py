@@ -59,8 +59,10 @@ def _given(module: ast.Module, func: ast.FunctionDef, call: ast.Call) -> tuple[b
     # of its loss_mask before the call (del, pop, a read, a key in a variable, the dict passed on) is the probe's.
     parents = {kid: node for node in ast.walk(func) for kid in ast.iter_child_nodes(node)}
     unpacked = [kw.value for kw in call.keywords if kw.arg is None]
-    name, params = getattr(unpacked[0], "id", None), [a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)]
-    unsure, word = [*unpacked[1:], *[call] * (name is None or name in params)], None  # word: the last on the mask
+    name = getattr(unpacked[0], "id", None)
+    params = [a.arg for a in ast.walk(func.args) if isinstance(a, ast.arg)]
+    unsure = [*unpacked[1:], *([call] if name is None or name in params else [])]  # not a dict made here: the probe's
+    word = None  # the last statement on the mask
     uses = [node for node in ast.walk(func) if isinstance(node, ast.Name) and node.id == name]
     for node in sorted(uses, key=lambda node: (node.lineno, node.col_offset)):
         up, top = parents[node], parents.get(parents[node])
