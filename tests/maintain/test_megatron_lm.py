@@ -142,11 +142,14 @@ class TestApplies:
         done = maintain("refresh", "--applies", "--upstream", megatron_lm)
         tip = git(megatron_lm, "rev-parse", "main").strip()[:10]
         assert done.returncode == 4 and done.stderr == "", done.stderr
-        assert done.stdout.splitlines() == [
+        callers, *core = done.stdout.splitlines()
+        assert core == [
             f"core_r0.19.0.patch: no origin/core_r0.19.0 nor core_r0.19.0 in {megatron_lm}",
             f"dev.patch: no origin/dev nor dev in {megatron_lm}",
             f"main.patch on main {tip}: applies",
         ]
+        # The stand-in holds only core's files: every hunk of the callers' change is named as not applying.
+        assert callers.startswith(f"callers/main.patch on main {tip}: does not apply: hunk 1/1 of examples/"), callers
         test_file = megatron_lm / TEST_FILE
         git(megatron_lm, "switch", "--quiet", "main")
         test_file.write_text(test_file.read_text().replace("    get_tensor_model_parallel_group,\n", "", 1))
