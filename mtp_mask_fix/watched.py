@@ -67,9 +67,9 @@ def _returning_followed(call_model):
     def __call__(self, *args, **kwargs):
         before, out = seen["calls"], call_model(self, *args, **kwargs)
         if seen["calls"] != before and getattr(out, "requires_grad", False) and out.shape[:2] == latest[0]["shape"]:
-            torch = sys.modules["torch"]
-            index = torch.arange(out.shape[:2].numel(), device=out.device).view(*out.shape[:2], *[1] * (out.dim() - 2))
-            out = _followed(out, latest[0], index)
+            index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
+            latest[0]["index"] = index  # in the output's own order
+            out = _followed(out, latest[0], index.view(*out.shape[:2], *[1] * (out.dim() - 2)))
         return out
 
     return __call__
@@ -86,10 +86,7 @@ def _followed(out, call: dict, index):
     if not isinstance(out, torch.Tensor) or out.dim() == 0:
         return out
     if not followed:  # pickled or copied, it is the plain tensor it aliases (`.data`)
-        plain = {
-            "__reduce_ex__": lambda t, p: t.data.__reduce_ex__(p),
-            "__deepcopy__": lambda t, m: t.data.__deepcopy__(m),
-        }
+        plain = {k: lambda t, *a, k=k: getattr(t.data, k)(*a) for k in ("__reduce_ex__", "__deepcopy__")}
         followed.append(type("Followed", (torch.Tensor,), {"__torch_function__": _following, **plain}))
     out = out if isinstance(out, followed[0]) else out.as_subclass(followed[0])
     for d in range(index.dim()):  # an expand's copies kept once: a dim of stride 0 at size 1
@@ -143,11 +140,11 @@ def _positions(name: str, func, args: tuple, kwargs: dict, out, ours: list):
         return index
     for other in (t._index for t in ours[1:]):  # two positions meet: MIXED; a position meets MIXED: the position
         index = torch.where((index >= 0) & (other >= 0) & (index != other), MIXED, torch.maximum(index, other))
-    shape = torch.broadcast_shapes(*(t.shape for t in ours))
-    index = index.reshape([1] * (len(shape) - index.dim()) + list(index.shape))
-    if out.dim() < len(shape):  # a reduction: over dims of one position each (the vocabulary's), else mixed
+    rank = max(t.dim() for t in ours)  # the operands' broadcast shape's
+    index = index.reshape([1] * (rank - index.dim()) + list(index.shape))
+    if out.dim() < rank:  # a reduction: over dims of one position each (the vocabulary's), else mixed
         dim = kwargs.get("dim", args[1] if len(args) > 1 and type(args[1]) in (int, tuple, list) else None)
-        dims = [d % len(shape) for d in ([dim] if type(dim) is int else dim or range(out.dim(), len(shape)))]
+        dims = [d % rank for d in ([dim] if type(dim) is int else dim or range(out.dim(), rank))]
         mixed = any(index.shape[d] > 1 for d in dims)
         index = index.new_full(out.shape, MIXED) if mixed else index.amax(dims)
     elif out.shape != torch.broadcast_shapes(out.shape, index.shape):
@@ -179,24 +176,22 @@ def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
         return  # the model's outputs written into it, or an index where only a boolean one masks
     if name in ("__getitem__", "__setitem__"):  # a boolean index of the leading dims
         mask = mask.reshape(*mask.shape, *[1] * (value.dim() - mask.dim()))
-    if torch.broadcast_shapes(mask.shape, value._index.shape) == value._index.shape:  # not one over the vocabulary
-        event = {"index": value._index, "mask": mask, "kept": kept, "reached": False}
-        call.setdefault("events", []).append(event)
-        out.register_hook(lambda grad: event.__setitem__("reached", True))
+    mask = mask.expand(value._index.shape)  # raises (no event) for a mask over the vocabulary, which has no position
+    event = {"index": value._index, "mask": mask, "kept": kept, "reached": False}
+    call.setdefault("events", []).append(event)
+    out.register_hook(lambda grad: event.__setitem__("reached", True))
 
 
-def _figures_of(call: dict):
-    """A trained call's FIGURES as one device tensor: the positions its MTP loss counts against the 0/1 masks its loss
-    applied. The call agrees when the MTP loss counts the positions all of them keep; it is not judged where it counts
-    those of one mask only (another may be a selection), else it is measured against the closest: all, or one."""
+def _tallies_of(call: dict):
+    """A trained call's tallies, one device tensor: if a mask drops elements that mix positions; labels that are the
+    inputs shifted by 0..3, of how many; per mask, all together first: counted not kept, kept not counted, masks any."""
     torch, shape, mask, device = sys.modules["torch"], call["shape"], call["mask"], call["device"]
     n, true, sequence = shape.numel(), torch.ones((), dtype=torch.bool, device=device), None
-    if mask is not None and mask.numel() != n:  # a layout this file does not read
-        return torch.tensor([0, 0, 0, 1, 0, 0, 0, 0], device=device)
+    if mask is not None and mask.numel() != n:  # a layout this file does not read: as a mask after a reduction
+        return torch.tensor([1, 0, 0, 0, 0, 0, 0, 0, 1], device=device)
     counted = true.expand(shape) if mask is None else mask.reshape(shape) != 0
     if call["cu"] is not None:  # packed rows (THD): each position's sequence
-        positions = torch.arange(shape[-1], device=device)
-        sequence = torch.bucketize(positions, call["cu"][1:].to(positions), right=True)
+        sequence = torch.bucketize(torch.arange(shape[-1], device=device), call["cu"][1:].long(), right=True)
     counted = counted.roll(-1, -1) if call["derived"] else counted
 
     def targets(t):
@@ -206,45 +201,53 @@ def _figures_of(call: dict):
         within = sequence[1:] == sequence[:-1]
         return t[..., 1:] & (within & within.roll(-1, -1) if call["derived"] else within)
 
-    readings, applied, present, unplaced = [], true.expand(n), ~true, ~true
+    # per mask: where it applies, what it keeps, whether it is 0/1; first one that does nothing (stacks never empty)
+    here, keeps, binary, unplaced = [true.new_zeros(n)], [true.new_zeros(n)], [true], ~true
     for event in (e for e in call.get("events", ()) if e["reached"]):
         mask, index = event["mask"], event["index"]
         kept = mask if event["kept"] else ~mask if event["kept"] is False else mask != 0
+        binary.append((kept == mask).all() if event["kept"] is None else true)
         index, kept = (t.expand(index.shape).reshape(-1) for t in (index, kept))
-        zeros = torch.zeros(n + 1, dtype=torch.long, device=device)
-        here, keeps = (
-            zeros.index_add(0, torch.where((index >= 0) & m, index, n), torch.ones_like(index))[:n].bool()
-            for m in (true, kept)
-        )
-        binary = ((mask == 0) | (mask == 1)).all() if event["kept"] is None else true
-        unplaced = unplaced | ((index == MIXED) & ~kept).any() & binary
-        binary = binary & keeps.any()  # a mask: 0/1, keeping some position (not advantages that are all 0)
-        here, keeps = here & binary, keeps & binary
-        readings.append((keeps, (here & ~keeps).any()))  # what it keeps; whether it masks a position
-        present, applied = present | here, applied & (keeps | ~here)
-    found = present.any()
-    masks = targets(torch.stack([present & applied, *(r[0] for r in readings)]).view(-1, *shape))
-    over, under = (targets(counted) & ~masks).flatten(1).sum(1), (masks & ~targets(counted)).flatten(1).sum(1)
-    valid, miss = torch.stack([found, *(r[1] for r in readings)]), over + under
-    ambiguous = (miss[0] > 0) & (valid[1:] & (miss[1:] == 0)).any()  # one of the loss's masks, not all at once
-    best, judged = torch.where(valid, miss, n + 1).argmin(), found & ~unplaced & ~ambiguous
-    figures = [over[best] * judged, under[best] * judged, ~found, found & unplaced, found & ~unplaced & ambiguous]
-    shifted = ~true.expand(len(SHIFTS) - 1)
+        mine = index.numel() == n and index.data_ptr() == call["index"].data_ptr()  # the output's own order
+        if not mine:
+            ones = torch.stack([torch.ones_like(index), kept.long()], 1)  # a row for elements of no one position
+            tally = index.new_zeros(n + 1, 2).index_add(0, index.where(index >= 0, n), ones)
+            unplaced = unplaced | (tally[n, 0] > tally[n, 1]) & binary[-1]
+        here.append(true.expand(n) if mine else tally[:n, 0] > 0), keeps.append(kept if mine else tally[:n, 1] > 0)
+    here, keeps = torch.stack(here), torch.stack(keeps)
+    binary = (torch.stack(binary) & keeps.any(1))[:, None]  # a mask: 0/1, keeping some position (not all-0 advantages)
+    here, keeps = here & binary, keeps & binary
+    present, wanted = here.any(0), targets(counted)
+    masks = targets(torch.cat([(present & (keeps >= here).all(0))[None], keeps]).view(-1, *shape))
+    valid = torch.cat([present.any()[None], (here > keeps).any(1)])
+    shifts = torch.zeros(5, dtype=torch.long, device=device)
     if "labels" in call and shape[-1] > 3:  # every shift scored on the same positions, each within one sequence
         m = shape[-1] - 3
-        window = counted[..., :m] & (true if sequence is None else sequence[:m] == sequence[3:])
+        window = (counted[..., :m] & (true if sequence is None else sequence[:m] == sequence[3:]))[..., None, :]
         equal = call["labels"][..., None, :m] == call["inputs"].unfold(-1, m, 1)  # [..., k, i]: label i, input i + k
-        hits = (equal & window[..., None, :]).sum(-1).reshape(-1, 4).sum(0)[list(SHIFTS)]
-        best = hits[1:].argmax()
-        wins = (hits[1:][best] > hits[0]) & (hits[1:][best] >= NEARLY * window.sum())
-        shifted = torch.nn.functional.one_hot(best, len(SHIFTS) - 1).bool() & wins
-    return torch.cat([torch.stack(figures).long(), shifted.long()])
+        shifts = torch.cat([window, equal & window], -2).sum(-1).reshape(-1, 5).sum(0)
+    misses = torch.stack([wanted > masks, masks > wanted]).flatten(2).sum(2)  # counted, not kept; kept, not counted
+    return torch.cat([unplaced[None], shifts, misses.flatten(), valid])
+
+
+def _figures_of(tallies: list[int]) -> dict:
+    """A call's FIGURES: it agrees when the MTP loss counts what all the loss's masks keep together; it is not judged
+    where it counts what one keeps alone (another may be a selection), else it is measured against the closest."""
+    (unplaced, window, *hits), rest = tallies[:6], tallies[6:]
+    over, under, valid = (rest[i * len(rest) // 3 : (i + 1) * len(rest) // 3] for i in range(3))
+    miss = [o + u for o, u in zip(over, under)]
+    ambiguous = miss[0] > 0 and any(v and m == 0 for v, m in zip(valid[1:], miss[1:]))
+    best = min((m, i) for i, m in enumerate(miss) if valid[i] or not i)[1]
+    judged, shift = valid[0] and not unplaced and not ambiguous, max(SHIFTS[1:], key=hits.__getitem__)
+    shifted = [k == shift and hits[k] > hits[1] and hits[k] >= NEARLY * window for k in SHIFTS[1:]]
+    unjudged = [not valid[0], valid[0] and unplaced, valid[0] and not unplaced and ambiguous]
+    return dict(zip(FIGURES, map(int, [over[best] * judged, under[best] * judged, *unjudged, *shifted])))
 
 
 def _trained(call: dict, where: str | None, gradient) -> None:
     """A backward reached the call's MTP loss: it trains, so it is judged (once, whatever the backwards)."""
     if "shape" in call:
-        values = _figures_of(call).to("cpu", non_blocking=True)
+        values = _tallies_of(call).to("cpu", non_blocking=True)
         if event := sys.modules["torch"].cuda.Event() if gradient.is_cuda else None:
             event.record()
         pending.append((values, event, call["no_labels"], call["mask"] is None))
@@ -266,7 +269,7 @@ def _verdict_moved(block: bool = False) -> bool:
     before = tuple(bool(seen[key]) for key in ("trained", *JUDGED))
     while pending and (block or pending[0][1] is None or pending[0][1].query()):
         values, _, no_labels, no_mask = pending.pop(0)
-        figures = dict(zip(FIGURES, values.tolist()))
+        figures = _figures_of(values.tolist())
         against = any(figures[key] for key in FIGURES if key not in UNJUDGED)
         figures.update(against=int(against), no_mask=int(against and no_mask), no_labels=int(no_labels))
         seen.update(figures, trained=1)
@@ -301,9 +304,8 @@ def _wrap(function):
 
     @functools.wraps(function)
     def watched(*args, **kwargs):
-        call = None
-        if seen["calls"] != CONFIG.get("steps"):  # --steps N: N calls counted, then no more
-            call = _observe(dict(zip(names, args), **kwargs))
+        # --steps N: N calls counted, then no more
+        call = _observe(dict(zip(names, args), **kwargs)) if seen["calls"] != CONFIG.get("steps") else None
         out = function(*args, **kwargs)
         if call is not None and getattr(out, "requires_grad", False):  # a training call: only a backward tells
             out.register_hook(functools.partial(_trained, call, _caller() if CONFIG.get("strict") else None))
@@ -343,8 +345,7 @@ def _reported_then_default(signum, frame):
 if __name__ == "sitecustomize":
     builtins.__import__ = _importing
     atexit.register(_report, final=True)
-    # multiprocessing's children and forked ranks skip atexit
-    os._exit = lambda code: (_report(final=True), _exit(code))
+    os._exit = lambda code: (_report(final=True), _exit(code))  # multiprocessing's children, forked ranks skip atexit
     os.register_at_fork(after_in_child=lambda: (seen.clear(), pending.clear()))  # a child counts its own calls
     for sig in (signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(sig) is signal.SIG_DFL:  # a handler the job installs later replaces this one

@@ -347,6 +347,11 @@ WRONG = {
     "ones beside per-token loss weights": Loop(
         lambda: with_weights(sft(loss="text")), mtp_mask=ONES, loss=lambda b, out: weighted(b, out, "token_weights")
     ),
+    "ones over padding, token weights all 1": Loop(  # a 0/1 operand that masks nothing is no mask to be closest to
+        lambda: sft(loss="text"),
+        mtp_mask=ONES,
+        loss=lambda b, out: masked_mean(out * torch.ones_like(b["mask"]), b["mask"]),
+    ),
     "input-aligned mask": Loop(sft, mtp_mask=input_aligned),
     "mask shifted twice": Loop(sft, mtp_mask=lambda batch: label_aligned(batch)),
     "labels shifted by 0": Loop(lambda: shifted(sft(), 0)),
