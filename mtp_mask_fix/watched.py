@@ -183,8 +183,8 @@ def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
 
 
 def _tallies_of(call: dict):
-    """A trained call's tallies, one device tensor: if a mask drops elements that mix positions; labels that are the
-    inputs shifted by 0..3, of how many; per mask, all together first: counted not kept, kept not counted, masks any."""
+    """A trained call's tallies, one device tensor: a mask after a reduction; labels the inputs shifted by 0..3 of how
+    many; per mask (all together first) positions the MTP loss counts it leaves out, the reverse, and if it masks."""
     torch, shape, mask, device = sys.modules["torch"], call["shape"], call["mask"], call["device"]
     n, true, sequence = shape.numel(), torch.ones((), dtype=torch.bool, device=device), None
     if mask is not None and mask.numel() != n:  # a layout this file does not read: as a mask after a reduction
@@ -247,7 +247,8 @@ def _figures_of(tallies: list[int]) -> dict:
 def _trained(call: dict, where: str | None, gradient) -> None:
     """A backward reached the call's MTP loss: it trains, so it is judged (once, whatever the backwards)."""
     if "shape" in call:
-        values = _tallies_of(call).to("cpu", non_blocking=True)
+        with sys.modules["torch"]._C.DisableTorchFunction():  # a torch-function mode of the job's sees none of it
+            values = _tallies_of(call).to("cpu", non_blocking=True)
         if event := sys.modules["torch"].cuda.Event() if gradient.is_cuda else None:
             event.record()
         pending.append((values, event, call["no_labels"], call["mask"] is None))
@@ -271,8 +272,7 @@ def _verdict_moved(block: bool = False) -> bool:
         values, _, no_labels, no_mask = pending.pop(0)
         figures = _figures_of(values.tolist())
         against = any(figures[key] for key in FIGURES if key not in UNJUDGED)
-        figures.update(against=int(against), no_mask=int(against and no_mask), no_labels=int(no_labels))
-        seen.update(figures, trained=1)
+        seen.update(figures, against=against, no_mask=against and no_mask, no_labels=no_labels, trained=1)
     return before != tuple(bool(seen[key]) for key in ("trained", *JUDGED))
 
 
