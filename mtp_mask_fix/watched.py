@@ -187,9 +187,9 @@ def _tallies_of(call: dict):
     many; per mask (all together first) positions the MTP loss counts it leaves out, the reverse, and if it masks."""
     torch, shape, mask, device = sys.modules["torch"], call["shape"], call["mask"], call["device"]
     n, true, sequence = shape.numel(), torch.ones((), dtype=torch.bool, device=device), None
-    if mask is not None and mask.numel() != n:  # a layout this file does not read: as a mask after a reduction
-        return torch.tensor([1, 0, 0, 0, 0, 0, 0, 0, 1], device=device)
-    counted = true.expand(shape) if mask is None else mask.reshape(shape) != 0
+    if mask is not None and mask.numel() != n and (mask.numel() != shape[-1] or mask.shape[-1:] != shape[-1:]):
+        return torch.tensor([1, 0, 0, 0, 0, 0, 0, 0, 1], device=device)  # a layout this file does not read: unplaced
+    counted = true.expand(shape) if mask is None else mask.reshape(-1, shape[-1]).expand(shape) != 0  # one row: all
     if call["cu"] is not None:  # packed rows (THD): each position's sequence
         sequence = torch.bucketize(torch.arange(shape[-1], device=device), call["cu"][1:].long(), right=True)
     counted = counted.roll(-1, -1) if call["derived"] else counted
@@ -240,7 +240,7 @@ def _figures_of(tallies: list[int]) -> dict:
     best = min((m, i) for i, m in enumerate(miss) if valid[i] or not i)[1]
     judged, shift = valid[0] and not unplaced and not ambiguous, max(SHIFTS[1:], key=hits.__getitem__)
     shifted = [k == shift and hits[k] > hits[1] and hits[k] >= NEARLY * window for k in SHIFTS[1:]]
-    unjudged = [not valid[0], valid[0] and unplaced, valid[0] and not unplaced and ambiguous]
+    unjudged = [not (valid[0] or unplaced), unplaced, valid[0] and not unplaced and ambiguous]
     return dict(zip(FIGURES, map(int, [over[best] * judged, under[best] * judged, *unjudged, *shifted])))
 
 

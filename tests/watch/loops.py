@@ -229,10 +229,11 @@ def label_masked(batch: dict, losses: torch.Tensor) -> torch.Tensor:
     return -masked_mean(logp * batch["advantages"], batch["mask"])
 
 
-def row_masked_after_reduction(batch: dict, losses: torch.Tensor) -> torch.Tensor:
-    """Each row's masked mean, then a row mask (the last row dropped) applied to the per-row losses."""
+def row_masked_after_reduction(batch: dict, losses: torch.Tensor, masked: bool = True) -> torch.Tensor:
+    """Each row's mean (masked by the batch's mask, or of every position), then a row mask (the last row dropped)
+    applied to the per-row losses."""
     mask = batch["mask"]
-    rows = (losses * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    rows = (losses * mask).sum(-1) / mask.sum(-1).clamp(min=1) if masked else losses.mean(-1)
     keep = torch.ones(len(rows))
     keep[-1] = 0.0
     return (rows * keep).sum() / keep.sum()
@@ -317,6 +318,11 @@ RIGHT = {
     "one row of mask for every row": Loop(
         lambda: sft(((10, 3), (10, 3))), loss=lambda b, out: masked_mean(out, b["mask"][0])
     ),
+    "one row of mask for every row, handed as one row": Loop(  # core's MTP loss broadcasts it as the loss does
+        lambda: sft(((10, 3), (10, 3))),
+        mtp_mask=lambda b: b["mask"][:1],
+        loss=lambda b, out: masked_mean(out, b["mask"][:1]),
+    ),
     "rl, cross-entropy with an ignore index": Loop(rl, loss=cross_entropy_ignoring),
     "rl, masked importance sampling from the batch": Loop(
         lambda: banded(rl()), loss=lambda b, out: policy_loss(dict(b, advantages=b["advantages"] * b["band"]), out)
@@ -331,6 +337,9 @@ UNJUDGED = {  # calls no backward reaches, or whose loss applies no 0/1 mask: no
         lambda: pretraining(_text(3, 25)), mtp_mask=lambda batch: None, loss=lambda batch, out: out.mean()
     ),
     "a row mask after a reduction": Loop(sft, loss=row_masked_after_reduction),
+    "a row mask after a reduction, alone": Loop(
+        lambda: pretraining(_text(3, 25)), loss=lambda b, out: row_masked_after_reduction(b, out, masked=False)
+    ),
     "reinforce, rewards of 0 and 1 as advantages": Loop(lambda: rl(advantages=(1.0, 0.0, 1.0)), loss=grpo_loss),
     "verl's label mask, one past the response, handed to the model": Loop(
         lambda: verl_labels(rl(left=False)), mtp_mask=lambda batch: batch["label_mask"], loss=label_masked

@@ -26,6 +26,7 @@ ONE_OF_THEM = "whose MTP loss counts what one of the loss's masks keeps, not wha
 UNJUDGED = {  # a loop that is not judged: why (None: the loss applies no 0/1 mask)
     None: "with no 0/1 mask found in the loss",
     "a row mask after a reduction": "whose loss masks after a reduction",
+    "a row mask after a reduction, alone": "whose loss masks after a reduction",
     "reinforce, rewards of 0 and 1 as advantages": ONE_OF_THEM,
     "verl's label mask, one past the response, handed to the model": ONE_OF_THEM,
 }
