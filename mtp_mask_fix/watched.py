@@ -67,9 +67,10 @@ def _returning_followed(call_model):
     def __call__(self, *args, **kwargs):
         before, out = seen["calls"], call_model(self, *args, **kwargs)
         if seen["calls"] != before and getattr(out, "requires_grad", False) and out.shape[:2] == latest[0]["shape"]:
-            index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
-            latest[0]["index"] = index  # in the output's own order
-            out = _followed(out, latest[0], index.view(*out.shape[:2], *[1] * (out.dim() - 2)))
+            with sys.modules["torch"]._C.DisableTorchFunction():
+                index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
+                latest[0]["index"] = index  # in the output's own order
+                out = _followed(out, latest[0], index.view(*out.shape[:2], *[1] * (out.dim() - 2)))
         return out
 
     return __call__
@@ -201,6 +202,22 @@ def _tallies_of(call: dict):
         within = sequence[1:] == sequence[:-1]
         return t[..., 1:] & (within & within.roll(-1, -1) if call["derived"] else within)
 
+    shifts = torch.zeros(5, dtype=torch.long, device=device)
+    if "labels" in call and shape[-1] > 3:  # every shift scored on the same positions, each within one sequence
+        m = shape[-1] - 3
+        window = (counted[..., :m] & (true if sequence is None else sequence[:m] == sequence[3:]))[..., None, :]
+        equal = call["labels"][..., None, :m] == call["inputs"].unfold(-1, m, 1)  # [..., k, i]: label i, input i + k
+        shifts = torch.cat([window, equal & window], -2).sum(-1).reshape(-1, 5).sum(0)
+    events = [e for e in call.get("events", ()) if e["reached"]]
+    one = events[0] if len(events) == 1 else None
+    if one is not None and one["index"].numel() == n and one["index"].is_contiguous() and one["index"].data_ptr() == call["index"].data_ptr():
+        mask = one["mask"].reshape(shape)
+        kept = mask if one["kept"] else ~mask if one["kept"] is False else mask != 0
+        binary = ((kept == mask).all() if one["kept"] is None else true) & kept.any()
+        kept_t, wanted = targets(kept & binary), targets(counted)
+        errors = torch.stack([(wanted > kept_t).sum(), (kept_t > wanted).sum()]).repeat_interleave(2)
+        valid = torch.stack([binary, binary & ~kept.all()])
+        return torch.cat([(~true)[None], shifts, errors, valid])
     # per mask: where it applies, what it keeps, whether it is 0/1; first one that does nothing (stacks never empty)
     here, keeps, binary, unplaced = [true.new_zeros(n)], [true.new_zeros(n)], [true], ~true
     for event in (e for e in call.get("events", ()) if e["reached"]):
@@ -220,12 +237,6 @@ def _tallies_of(call: dict):
     present, wanted = here.any(0), targets(counted)
     masks = targets(torch.cat([(present & (keeps >= here).all(0))[None], keeps]).view(-1, *shape))
     valid = torch.cat([present.any()[None], (here > keeps).any(1)])
-    shifts = torch.zeros(5, dtype=torch.long, device=device)
-    if "labels" in call and shape[-1] > 3:  # every shift scored on the same positions, each within one sequence
-        m = shape[-1] - 3
-        window = (counted[..., :m] & (true if sequence is None else sequence[:m] == sequence[3:]))[..., None, :]
-        equal = call["labels"][..., None, :m] == call["inputs"].unfold(-1, m, 1)  # [..., k, i]: label i, input i + k
-        shifts = torch.cat([window, equal & window], -2).sum(-1).reshape(-1, 5).sum(0)
     misses = torch.stack([wanted > masks, masks > wanted]).flatten(2).sum(2)  # counted, not kept; kept, not counted
     return torch.cat([unplaced[None], shifts, misses.flatten(), valid])
 
