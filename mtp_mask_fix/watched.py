@@ -67,9 +67,10 @@ def _returning_followed(call_model):
     def __call__(self, *args, **kwargs):
         before, out = seen["calls"], call_model(self, *args, **kwargs)
         if seen["calls"] != before and getattr(out, "requires_grad", False) and out.shape[:2] == latest[0]["shape"]:
-            index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
-            latest[0]["index"] = index  # in the output's own order
-            out = _followed(out, latest[0], index.view(*out.shape[:2], *[1] * (out.dim() - 2)))
+            with sys.modules["torch"]._C.DisableTorchFunction():  # a torch-function mode of the job's sees none of it
+                index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
+                latest[0]["index"] = index  # in the output's own order
+                out = _followed(out, latest[0], index.view(*out.shape[:2], *[1] * (out.dim() - 2)))
         return out
 
     return __call__
@@ -183,8 +184,7 @@ def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
 
 
 def _tallies_of(call: dict):
-    """A trained call's tallies, one device tensor: a mask after a reduction; labels the inputs shifted by 0..3 of how
-    many; per mask (all together first) positions the MTP loss counts it leaves out, the reverse, and if it masks."""
+    """A trained call's tallies as one device tensor, in the order _figures_of unpacks them (one row a mask)."""
     torch, shape, mask, device = sys.modules["torch"], call["shape"], call["mask"], call["device"]
     n, true, sequence = shape.numel(), torch.ones((), dtype=torch.bool, device=device), None
     if mask is not None and mask.numel() != n and (mask.numel() != shape[-1] or mask.shape[-1:] != shape[-1:]):
@@ -201,31 +201,36 @@ def _tallies_of(call: dict):
         within = sequence[1:] == sequence[:-1]
         return t[..., 1:] & (within & within.roll(-1, -1) if call["derived"] else within)
 
-    # per mask: where it applies, what it keeps, whether it is 0/1; first one that does nothing (stacks never empty)
-    here, keeps, binary, unplaced = [true.new_zeros(n)], [true.new_zeros(n)], [true], ~true
-    for event in (e for e in call.get("events", ()) if e["reached"]):
-        mask, index = event["mask"], event["index"]
-        kept = mask if event["kept"] else ~mask if event["kept"] is False else mask != 0
-        binary.append((kept == mask).all() if event["kept"] is None else true)
-        index, kept = (t.expand(index.shape).reshape(-1) for t in (index, kept))
-        mine = index.numel() == n and index.data_ptr() == call["index"].data_ptr()  # the output's own order
-        if not mine:
-            ones = torch.stack([torch.ones_like(index), kept.long()], 1)  # a row for elements of no one position
-            tally = index.new_zeros(n + 1, 2).index_add(0, index.where(index >= 0, n), ones)
-            unplaced = unplaced | (tally[n, 0] > tally[n, 1]) & binary[-1]
-        here.append(true.expand(n) if mine else tally[:n, 0] > 0), keeps.append(kept if mine else tally[:n, 1] > 0)
-    here, keeps = torch.stack(here), torch.stack(keeps)
-    binary = (torch.stack(binary) & keeps.any(1))[:, None]  # a mask: 0/1, keeping some position (not all-0 advantages)
-    here, keeps = here & binary, keeps & binary
-    present, wanted = here.any(0), targets(counted)
-    masks = targets(torch.cat([(present & (keeps >= here).all(0))[None], keeps]).view(-1, *shape))
-    valid = torch.cat([present.any()[None], (here > keeps).any(1)])
     shifts = torch.zeros(5, dtype=torch.long, device=device)
     if "labels" in call and shape[-1] > 3:  # every shift scored on the same positions, each within one sequence
         m = shape[-1] - 3
         window = (counted[..., :m] & (true if sequence is None else sequence[:m] == sequence[3:]))[..., None, :]
         equal = call["labels"][..., None, :m] == call["inputs"].unfold(-1, m, 1)  # [..., k, i]: label i, input i + k
         shifts = torch.cat([window, equal & window], -2).sum(-1).reshape(-1, 5).sum(0)
+    events = [e for e in call.get("events", ()) if e["reached"]]
+    index = events[0]["index"].reshape(-1) if len(events) == 1 else None
+    if index is not None and index.numel() == n and index.data_ptr() == call["index"].data_ptr():  # as returned
+        mask, mode = events[0]["mask"].reshape(shape), events[0]["kept"]  # one mask on the output: its own order
+        kept = mask if mode else ~mask if mode is False else mask != 0
+        binary = ((kept == mask).all() if mode is None else true) & kept.any()  # else not judged: no count read
+        kept, wanted = targets(kept), targets(counted)
+        return torch.cat([(~true)[None], shifts, torch.stack([(wanted > kept).sum(), (kept > wanted).sum(), binary])])
+    here, keeps, binary, unplaced = [true.new_zeros(n)], [true.new_zeros(n)], [true], ~true  # a first: no mask at all
+    for event in events:
+        mask, index = event["mask"], event["index"]
+        kept = mask if event["kept"] else ~mask if event["kept"] is False else mask != 0
+        binary.append((kept == mask).all() if event["kept"] is None else true)
+        index, kept = (t.expand(index.shape).reshape(-1) for t in (index, kept))
+        ones = torch.stack([torch.ones_like(index), kept.long()], 1)  # a row for elements of no one position
+        tally = index.new_zeros(n + 1, 2).index_add(0, index.where(index >= 0, n), ones)
+        unplaced = unplaced | (tally[n, 0] > tally[n, 1]) & binary[-1]
+        here.append(tally[:n, 0] > 0), keeps.append(tally[:n, 1] > 0)
+    here, keeps = torch.stack(here), torch.stack(keeps)
+    binary = (torch.stack(binary) & keeps.any(1))[:, None]  # a mask: 0/1, keeping some position (not all-0 advantages)
+    here, keeps = here & binary, keeps & binary
+    present, wanted = here.any(0), targets(counted)
+    masks = targets(torch.cat([(present & (keeps >= here).all(0))[None], keeps]).view(-1, *shape))
+    valid = torch.cat([present.any()[None], (here > keeps).any(1)])
     misses = torch.stack([wanted > masks, masks > wanted]).flatten(2).sum(2)  # counted, not kept; kept, not counted
     return torch.cat([unplaced[None], shifts, misses.flatten(), valid])
 
@@ -265,8 +270,7 @@ def _trained(call: dict, where: str | None, gradient) -> None:
 
 
 def _verdict_moved(block: bool = False) -> bool:
-    """Count the judged calls whose figures have left their device (all of them when block); whether the process's
-    verdict changed (a first trained call, or a first finding of a kind)."""
+    """Count the calls whose tallies are off their device (all when block); whether a first call or finding came in."""
     before = tuple(bool(seen[key]) for key in ("trained", *JUDGED))
     while pending and (block or pending[0][1] is None or pending[0][1].query()):
         values, _, no_labels, no_mask = pending.pop(0)
@@ -335,21 +339,16 @@ def _importing(*args, **kwargs):
     return module
 
 
-def _reported_then_default(signum, frame):
-    """SIGTERM or SIGHUP where the job has no handler of its own: report, then end as that signal would."""
-    _report(final=True)
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-
-
 if __name__ == "sitecustomize":
     builtins.__import__ = _importing
     atexit.register(_report, final=True)
     os._exit = lambda code: (_report(final=True), _exit(code))  # multiprocessing's children, forked ranks skip atexit
     os.register_at_fork(after_in_child=lambda: (seen.clear(), pending.clear()))  # a child counts its own calls
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:  # a handler the job installs later replaces this one
-            signal.signal(sig, _reported_then_default)
+        if signal.getsignal(sig) is signal.SIG_DFL:  # report, then end as the signal would; the job's own replaces it
+            signal.signal(
+                sig, lambda s, _: (_report(final=True), signal.signal(s, signal.SIG_DFL), os.kill(os.getpid(), s))
+            )
     sys.path[:] = [p for p in sys.path if not p or os.path.abspath(p) != HERE]
     if hidden := importlib.machinery.PathFinder.find_spec("sitecustomize"):  # the one this file hides, if any
         sys.modules["sitecustomize"] = importlib.util.module_from_spec(hidden)

@@ -336,6 +336,9 @@ UNJUDGED = {  # calls no backward reaches, or whose loss applies no 0/1 mask: no
     "a loss without a mask, no loss_mask handed": Loop(
         lambda: pretraining(_text(3, 25)), mtp_mask=lambda batch: None, loss=lambda batch, out: out.mean()
     ),
+    "per-token weights, no mask": Loop(
+        lambda: with_weights(sft()), loss=lambda b, out: (out * b["token_weights"]).mean()
+    ),
     "a row mask after a reduction": Loop(sft, loss=row_masked_after_reduction),
     "a row mask after a reduction, alone": Loop(
         lambda: pretraining(_text(3, 25)), loss=lambda b, out: row_masked_after_reduction(b, out, masked=False)
