@@ -114,7 +114,7 @@ def _following(cls, func, types, args=(), kwargs=None):
             if (name in WRITES or name[-1:] == "_" != name[:1]) and not isinstance(target, cls):
                 target._derived = True  # the model's outputs written into a tensor of the job's: no mask of its data
                 return out
-            index = _positions(name, func, args, kwargs, out, ours)
+            index = _positions(name, func, args, kwargs, out, ours) if getattr(out, "ndim", 1) else None  # none kept
         except Exception:  # a layout this file cannot follow: never the job's error
             index = torch.full([1] * getattr(out, "ndim", 0), MIXED, device=ours[0].device)
         result = target if out is None else out  # __setitem__ returns None
@@ -204,15 +204,15 @@ def _tallies_of(call: dict):
     shifts = torch.zeros(5, dtype=torch.long, device=device)
     if "labels" in call and shape[-1] > 3:  # every shift scored on the same positions, each within one sequence
         m = shape[-1] - 3
-        window = (counted[..., :m] & (true if sequence is None else sequence[:m] == sequence[3:]))[..., None, :]
+        window = counted[..., None, :m] & (true if sequence is None else sequence[:m] == sequence[3:])
         equal = call["labels"][..., None, :m] == call["inputs"].unfold(-1, m, 1)  # [..., k, i]: label i, input i + k
-        shifts = torch.cat([window, equal & window], -2).sum(-1).reshape(-1, 5).sum(0)
+        shifts = (torch.cat([window, equal], -2) & window).reshape(-1, 5, m).count_nonzero((0, 2))
     events = [e for e in call.get("events", ()) if e["reached"]]
     index = events[0]["index"].reshape(-1) if len(events) == 1 else None
     if index is not None and index.numel() == n and index.data_ptr() == call["index"].data_ptr():  # as returned
         mask, mode = events[0]["mask"].reshape(shape), events[0]["kept"]  # one mask on the output: its own order
         kept = mask if mode else ~mask if mode is False else mask != 0
-        binary = ((kept == mask).all() if mode is None else true) & kept.any()  # else not judged: no count read
+        binary = (kept == mask).all() & kept.any() if mode is None else kept.any()  # else not judged: no count read
         kept, wanted = targets(kept), targets(counted)
         return torch.cat([(~true)[None], shifts, torch.stack([(wanted > kept).sum(), (kept > wanted).sum(), binary])])
     here, keeps, binary, unplaced = [true.new_zeros(n)], [true.new_zeros(n)], [true], ~true  # a first: no mask at all
@@ -315,7 +315,7 @@ def _wrap(function):
             out.register_hook(functools.partial(_trained, call, _caller() if CONFIG.get("strict") else None))
         elif call is not None:
             seen["evaluated"] += 1
-        if _verdict_moved() or time.monotonic() > _due[0]:
+        if pending and _verdict_moved() or time.monotonic() > _due[0]:
             _report()
         return out
 
