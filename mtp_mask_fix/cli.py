@@ -12,7 +12,7 @@ from mtp_mask_fix.errors import Exit, ToolError, exit_table
 from mtp_mask_fix.journal import WAIT, Lock
 from mtp_mask_fix.signals import SIGNALS, Interrupted, guard, say
 from mtp_mask_fix.targets import find, interpreter
-from mtp_mask_fix.verify import verify
+from mtp_mask_fix.verify import proven
 from mtp_mask_fix.watch import watch
 
 
@@ -60,10 +60,8 @@ def verify_command(target: str | None, *, python: str) -> int:
     with Lock(tree.root, tree.label).held():  # what a killed run left is read alone; the probe runs unlocked
         if left := journal.left(tree.root, check.touched(tree, check.candidates())):
             raise ToolError(f"{tree.label}: an interrupted run left {left}", Exit.FAILED)
-    delivered, reason = verify(tree, python)
-    if not delivered:
-        raise ToolError(f"{tree.label}: not verified with {python}: {reason}", Exit.FAILED)
-    say(f"{tree.label}: verified with {python}: {reason}")
+    shown = proven(tree, python, {}, f"{tree.label}: ")  # `; verified with PY: why`, or refused
+    say(f"{tree.label}: {shown.removeprefix('; ')}")
     return Exit.OK
 
 
@@ -100,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="mtp-mask-fix",
         description=__doc__.split("\n\n")[0],
-        epilog=exit_table(markdown=False),
+        epilog=exit_table(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -127,7 +125,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     """Run a command line (maintain/'s too), with one line on stderr and its exit code for any refusal."""
     with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
         try:
-            args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
+            args = (parser or build_parser()).parse_args(argv)  # None: sys.argv[1:]
             code = args.func(args)  # it prints its outcome, or hands its text back (maintain's) to print here
             if isinstance(code, tuple):
                 say(code[0])
@@ -141,7 +139,6 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             code = _refused(f"{exc}; nothing changed", Exit.FAILED)
         except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
             code = _refused(f"{exc}: nothing changed", exc.code)
-        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the outcome stands: a signal from here on is not delivered
     sys.exit(int(code))
 
 

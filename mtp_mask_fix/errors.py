@@ -22,11 +22,10 @@ class Exit(IntEnum):
     INTERRUPTED = 128, "128 + n: signal n to the tool or `watch`'s command (130 SIGINT, 143 SIGTERM, 137 SIGKILL)"
 
 
-def exit_table(markdown: bool = True) -> str:
-    """README's exit-code table (markdown), or the list `--help` ends with."""
-    head, row = ("| exit | meaning |\n| --- | --- |", "| {} | {} |") if markdown else ("exit codes:", "  {:>5}  {}")
-    rows = [row.format("128+n" if code is Exit.INTERRUPTED else int(code), code.meaning) for code in Exit]
-    return "\n".join([head, *rows])
+def exit_table() -> str:
+    """The list of exit codes `--help` ends with (README's table holds the same rows)."""
+    rows = [f"  {'128+n' if code is Exit.INTERRUPTED else int(code):>5}  {code.meaning}" for code in Exit]
+    return "\n".join(["exit codes:", *rows])
 
 
 class ToolError(Exception):

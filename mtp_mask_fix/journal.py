@@ -154,9 +154,8 @@ def write(target: Target, after: dict[str, bytes], done: str) -> None:
             raise ToolError(f"{target.label}: {exc}; putting the files back failed: {failed}", Exit.FAILED) from None
         finished = not written and all((root / rel).read_bytes() == data for rel, data in after.items())
         left = "rolled back: the files are as before" if written else f"it had finished: {done}" if finished else ""
-        raise ToolError(
-            f"{target.label}: {exc}; {left or 'nothing changed'}", getattr(exc, "code", Exit.FAILED)
-        ) from None
+        code = getattr(exc, "code", Exit.FAILED)  # a signal's 128+n, a refusal's own
+        raise ToolError(f"{target.label}: {exc}; {left or 'nothing changed'}", code) from None
 
 
 def undo(target: Target, files: list[str]) -> bool:
