@@ -502,7 +502,7 @@ class TestOutput:
 
 
 class TestStartUp:
-    """A signal before the tool has read anything, and a probe whose tool is killed."""
+    """A signal before the tool has read anything, and a probe whose tool is signalled."""
 
     def test_the_handlers_come_before_the_rest_of_the_tool(self, tool_env):
         """The console script's module sets its handlers as it is imported, with nothing of the tool but the signal
@@ -541,8 +541,8 @@ class TestStartUp:
             assert err.count("\n") == 1 and err.startswith("mtp-mask-fix: error: interrupted by SIGINT"), err
 
     @pytest.mark.slow  # a probe that imports torch: `./run test --all`
-    def test_the_probe_ends_with_a_killed_apply(self, cli, tool_env, tmp_path, site_packages):
-        """kill -9 of apply while its probe imports Megatron-Bridge: the probe goes too; the new bytes were verified
+    def test_the_probe_ends_with_a_signalled_apply(self, cli, tool_env, tmp_path, site_packages):
+        """SIGTERM to apply while its probe imports Megatron-Bridge: the probe goes too; the new bytes were verified
         aside, so nothing was written, and the next apply applies."""
         pid_file = tmp_path / "probe.pid"
         (site_packages.root / "megatron/bridge/__init__.py").write_text(
@@ -557,8 +557,9 @@ class TestStartUp:
         )
         assert wait_until(lambda: pid_file.exists() and pid_file.read_text(), proc), proc.communicate()
         probe = int(pid_file.read_text())
-        proc.kill()
-        proc.communicate()
+        proc.terminate()
+        said = proc.communicate()[1].decode()
+        assert (proc.returncode, said) == (143, "mtp-mask-fix: error: interrupted by SIGTERM: nothing changed\n")
         if not wait_until(lambda: gone(probe)):
             os.kill(probe, signal.SIGKILL)
             pytest.fail("the probe outlived its apply")
