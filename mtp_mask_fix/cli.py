@@ -8,15 +8,12 @@ import sys
 
 from mtp_mask_fix import __version__, check, journal
 from mtp_mask_fix.apply import apply, revert
-from mtp_mask_fix.errors import Exit, ToolError, exit_table
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.journal import WAIT, Lock
 from mtp_mask_fix.signals import SIGNALS, Interrupted, guard, say
 from mtp_mask_fix.targets import find, interpreter
 from mtp_mask_fix.verify import proven
 from mtp_mask_fix.watch import watch
-
-
-TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree) or megatron/bridge (site-packages)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -71,6 +68,7 @@ def seconds(text: str) -> float:
     return float(text)
 
 
+TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree) or megatron/bridge (site-packages)"
 TRAINS = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
 READS = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
 COMMANDS = {  # each command's help, and what its --python is for
@@ -95,10 +93,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    codes = [f"  {'128+n' if code is Exit.INTERRUPTED else int(code):>5}  {code.meaning}" for code in Exit]
     parser = Parser(
         prog="mtp-mask-fix",
         description=__doc__.split("\n\n")[0],
-        epilog=exit_table(),
+        epilog="\n".join(["exit codes:", *codes]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -22,12 +22,6 @@ class Exit(IntEnum):
     INTERRUPTED = 128, "128 + n: signal n to the tool or `watch`'s command (130 SIGINT, 143 SIGTERM, 137 SIGKILL)"
 
 
-def exit_table() -> str:
-    """The list of exit codes `--help` ends with (README's table holds the same rows)."""
-    rows = [f"  {'128+n' if code is Exit.INTERRUPTED else int(code):>5}  {code.meaning}" for code in Exit]
-    return "\n".join(["exit codes:", *rows])
-
-
 class ToolError(Exception):
     """A refusal with a one-line reason and an exit code; raised before any file is changed, or saying what was."""
 

@@ -15,10 +15,13 @@ from mtp_mask_fix.paths import PROBE, is_gpt_step_of
 from mtp_mask_fix.targets import Target
 
 
-def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -> tuple[bool, str]:
-    """Whether the mask reaches the model under `python`, and why: in the target, or in links to it with `after`."""
+def proven(target: Target, python: str | None, after: dict[str, bytes], failed: str) -> str:
+    """`; verified with PY: why` of the target, or of links to it with `after`; "" without `python`; refused (exit 5),
+    after `failed`, where the mask does not reach the model."""
+    if not python:
+        return ""
     with scratch() if after else contextlib.nullcontext(target.import_root) as root:
-        for rel, data in (after or {}).items():  # upstream's tests, outside the import root, are never imported
+        for rel, data in after.items():  # upstream's tests, outside the import root, are never imported
             if (path := target.root / rel).is_relative_to(target.import_root):
                 (root / path.relative_to(target.import_root)).parent.mkdir(parents=True, exist_ok=True)
                 (root / path.relative_to(target.import_root)).write_bytes(data)
@@ -26,14 +29,7 @@ def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -
             for entry in (target.import_root / folder).iterdir():  # links to the rest on the new files' way
                 if entry.name != "__pycache__" and not os.path.lexists(root / folder / entry.name):
                     (root / folder / entry.name).symlink_to(entry)
-        return _probe(root, target.label, python)
-
-
-def proven(target: Target, python: str | None, after: dict[str, bytes], failed: str) -> str:
-    """`; verified with PY: why`, "" without `python`; refused (exit 5), after `failed`, where the mask is not seen."""
-    if not python:
-        return ""
-    delivered, reason = verify(target, python, after)
+        delivered, reason = _probe(root, target.label, python)
     if not delivered:
         raise ToolError(f"{failed}not verified with {python}: {reason}", Exit.FAILED)
     return f"; verified with {python}: {reason}"

@@ -6,7 +6,7 @@ It is read only outside a held (signal-blocked) write, as a signal at that momen
 - checked: the verdict holds the new bytes, nothing is written;
 - journaled: the journal is written, the file is as before;
 - replaced: the journal is written, the file is patched;
-- verified: the probe has answered (it verifies the new bytes aside, before the journal);
+- verified: the probe has shown the mask arrives (it verifies the new bytes aside, before the journal);
 - done: the journal is gone, the file is patched;
 """
 
@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 from mtp_mask_fix import apply, cli, journal
-from mtp_mask_fix import verify as verifying
 from mtp_mask_fix.journal import JOURNAL
 
 
@@ -50,11 +49,12 @@ def held(_real=journal.held):
         pause({(True, False): "journaled", (True, True): "replaced", (False, True): "done"}.get((journaled, patched)))
 
 
-def verify(target, python, after=None, _real=verifying.verify):
-    found = _real(target, python, after)
-    pause("verified")
-    return found
+def proven(target, python, after, failed, _real=apply.proven):
+    shown = _real(target, python, after, failed)
+    if python:  # the probe has answered
+        pause("verified")
+    return shown
 
 
-apply.check, journal.held, verifying.verify = check, held, verify
+apply.check, apply.proven, journal.held = check, proven, held
 cli.main(ARGV)
