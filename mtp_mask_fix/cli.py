@@ -129,20 +129,16 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
             if isinstance(code, tuple):
                 say(code[0])
                 code = code[1]
+            sys.exit(int(code))
         except ToolError as exc:
-            code = _refused(str(exc), exc.code)
+            text, code = str(exc), exc.code
         except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
             reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
-            code = _refused(f"{' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", Exit.FAILED)
+            text, code = f"{' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", Exit.FAILED
         except OSError as exc:  # apply and revert say what they left themselves: here, nothing was changed
-            code = _refused(f"{exc}; nothing changed", Exit.FAILED)
+            text, code = f"{exc}; nothing changed", Exit.FAILED
         except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
-            code = _refused(f"{exc}: nothing changed", exc.code)
+            text, code = f"{exc}: nothing changed", exc.code
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # a refusal's line is printed whole
+        print(f"mtp-mask-fix: error: {text}", file=sys.stderr)
     sys.exit(int(code))
-
-
-def _refused(text: str, code: int) -> int:
-    """Print a refusal's line on stderr, once no signal can cut it short; its exit code."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    print(f"mtp-mask-fix: error: {text}", file=sys.stderr)
-    return code

@@ -18,7 +18,6 @@ from mtp_mask_fix.targets import Target
 
 
 JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET until a write is verified: each file as it was, what replaces it
-TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new bytes are written
 WAIT = 300.0  # seconds a command waits for another's write to TARGET: several ranks start at once
 
 
@@ -32,8 +31,8 @@ def doing(what: str, path):
 
 
 def temp(path: Path) -> Path:
-    """Where a file's new bytes are written before the rename."""
-    return path.with_name(f".{path.name}{TEMP}")
+    """Where a file's new bytes are written before the rename: `.NAME.mtp-mask-fix.tmp` beside it."""
+    return path.with_name(f".{path.name}.mtp-mask-fix.tmp")
 
 
 def write_atomic(path: Path, data: bytes) -> None:

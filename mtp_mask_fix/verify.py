@@ -16,8 +16,7 @@ from mtp_mask_fix.targets import Target
 
 
 def proven(target: Target, python: str | None, after: dict[str, bytes], failed: str) -> str:
-    """`; verified with PY: why` of the target, or of links to it with `after`; "" without `python`; refused (exit 5),
-    after `failed`, where the mask does not reach the model."""
+    """`; verified with PY: why` of the target (or links to it, with `after`), "" without `python`; else exit 5."""
     if not python:
         return ""
     with scratch() if after else contextlib.nullcontext(target.import_root) as root:
