@@ -19,22 +19,6 @@ from mtp_mask_fix.watch import watch
 class Parser(argparse.ArgumentParser):
     """An argparse parser whose complaints are one line and exit 2, like every refusal."""
 
-    commands = None  # the subcommands' action, once added
-
-    def add_subparsers(self, **kwargs):
-        self.commands = super().add_subparsers(**kwargs)
-        return self.commands
-
-    def parse_args(self, args=None, namespace=None):
-        # An unknown flag is named before a missing command, by the (sub)command whose --help lists the flags.
-        known, unknown = self.parse_known_args(args, namespace)
-        command = self.commands and getattr(known, self.commands.dest)
-        if unknown:
-            (self.commands.choices[command] if command else self).error(f"unrecognized arguments: {' '.join(unknown)}")
-        if self.commands and command is None:
-            self.error(f"the following arguments are required: {self.commands.dest}")
-        return known
-
     def error(self, message):
         raise ToolError(f"{message} (see {self.prog} --help)")
 
@@ -102,9 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.set_defaults(func=run)  # for every command: none sets its own
-    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+    parser.commands = parser.add_subparsers(dest="command", parser_class=Parser, required=True)  # maintain reads it
     for name, (help, python) in COMMANDS.items():
-        p = sub.add_parser(name, help=help, description=help)
+        p = parser.commands.add_parser(name, help=help, description=help)
         p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; default: what --python imports")
         p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
         if name == "apply":
@@ -113,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
             wait = f"for another's write (default {WAIT:.0f})"
             p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
     said = "run CMD as it is: does megatron-core's MTP loss train on what it assumes?"
-    p = sub.add_parser("watch", help=said, description=said)
+    p = parser.commands.add_parser("watch", help=said, description=said)
     p.add_argument("--strict", action="store_true", help="stop at the first call against it, naming its caller")
     p.add_argument("--steps", metavar="N", type=int, help="count each process's first N MTP loss calls only")
     p.add_argument("cmd", metavar="CMD", nargs="*", help="after --: the job, e.g. torchrun ... pretrain.py ...")
