@@ -6,6 +6,7 @@ writes it back; also the branch of the upstream PR."""
 import tempfile
 from pathlib import Path
 
+from maintain import printed
 from maintain.repo import checkout
 from mtp_mask_fix import check, cli
 from mtp_mask_fix.errors import Exit, ToolError
@@ -74,7 +75,7 @@ def parser() -> cli.Parser:
     parser = cli.Parser(prog="./run branch", description=said)
     parser.add_argument("checkout", metavar="CHECKOUT", help="the top of a Megatron-Bridge git checkout")
     parser.add_argument("name", metavar="NAME", help="the new branch")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=printed(run))
     return parser
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from maintain import printed
 from maintain.envs.make import stage_core, uv
 from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome, Run, problems
@@ -343,7 +344,7 @@ def parser() -> cli.Parser:
     python_help = "one interpreter for every target (default: each release's own environment; this one for checkouts)"
     parser.add_argument("--python", metavar="PY", help=python_help)
     parser.add_argument("--patch", type=Path, help="the patch to gate (default: the first in patches/series)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=printed(run))
     return parser
 
 

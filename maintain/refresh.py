@@ -12,6 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from maintain import printed
 from maintain.repo import checkout, megatron_lm_checkout, release, release_lines
 from maintain.upstreams import BRIDGE, MEGATRON_LM_PATCHES, load, upstream_of
 from mtp_mask_fix import cli
@@ -185,7 +186,7 @@ def parser() -> cli.Parser:
     parser.add_argument(
         "--python", metavar="PY", default=sys.executable, help="an interpreter with the checkout's megatron-core"
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=printed(run))
     return parser
 
 

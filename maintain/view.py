@@ -3,6 +3,7 @@
 import os
 import shutil
 
+from maintain import printed
 from maintain.repo import VIEW, pins, release
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
@@ -27,7 +28,7 @@ def view(args) -> tuple[str, Exit]:
 def parser() -> cli.Parser:
     """The command line of `./run view`; its refusals are the tool's (one line, the same exit codes)."""
     parser = cli.Parser(prog="./run view", description="write src/: the pinned release + the patch (never edited)")
-    parser.set_defaults(func=view)
+    parser.set_defaults(func=printed(view))
     return parser
 
 

@@ -109,11 +109,7 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
         try:
             args = (parser or build_parser()).parse_args(argv)  # None: sys.argv[1:]
-            code = args.func(args)  # it prints its outcome, or hands its text back (maintain's) to print here
-            if isinstance(code, tuple):
-                say(code[0])
-                code = code[1]
-            sys.exit(int(code))
+            sys.exit(int(args.func(args)))  # each command prints its outcome
         except ToolError as exc:
             text, code = str(exc), exc.code
         except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
