@@ -16,8 +16,7 @@ from mtp_mask_fix.reading import Reading, read, unbound
 from mtp_mask_fix.targets import Kind, Target
 
 
-PROBE = "`mtp-mask-fix verify` decides"
-UNSURE = ("check cannot tell: {why}; " + PROBE, Exit.USAGE)  # whether the tree is fixed as it is: the probe's
+UNSURE = ("check cannot tell: {why}; `mtp-mask-fix verify` decides", Exit.USAGE)
 
 
 class State(Enum):
@@ -96,23 +95,21 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     """The target's verdict by one patch, given the reading of its gpt_step.py, by git apply on a copy."""
     # Upstream's tests go with the source where the target has their files and their part fits; else it says so.
     beside = target.kind is not Kind.INSTALLED and all((target.root / test).is_file() for test in patch.test_files())
-    source = patch.part(src=True)
-    tests = patch.part(src=False) if beside else ""
     gpt_step = stripped(patch.paths(src=True)[0], target.strip)
-    reverted = trial.applied(target, source, reverse=True)[0]
+    reverted = trial.applied(target, patch, src=True, reverse=True)[0]
     if not reverted and reading.fixed:
         return Verdict(target, State.EQUIVALENT, patch=patch)
-    changed, error = (reverted, "") if reverted else trial.applied(target, source)
+    changed, error = (reverted, "") if reverted else trial.applied(target, patch, src=True)
     if not changed and reading.fixed is None:
         return Verdict(target, State.UNTOLD, patch=patch, why=reading.why)
-    with_tests, moved = trial.applied(target, tests, reverse=bool(reverted)) if changed else ({}, "")
     if not changed:
         found = _departs(target, patch, error)
-        if trial.edited(target, source, [gpt_step]):  # only local edits in the way
+        if trial.edited(target, patch.part(src=True), [gpt_step]):  # only local edits in the way
             state = State.LOCAL_CHANGES if target.kind is Kind.CHECKOUT else State.INSTALLED_EDITS
             return Verdict(target, state, found.split(" ")[0] or first_error_line(error), patch)
         said = f"{found} is not what its hunk has there" if found else f"git says {first_error_line(error)}"
         return Verdict(target, State.DRIFTED, f"{name(patch)} does not apply: {said}", patch)
+    with_tests, moved = trial.applied(target, patch, src=False, reverse=bool(reverted)) if beside else ({}, "")
     scope = "source and tests" if with_tests else "source hunks only"
     scope += f"; upstream's tests left out, their file has moved on ({first_error_line(moved)})" if moved else ""
     detail = f"{scope}, {name(patch)}"

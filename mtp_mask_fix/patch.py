@@ -105,11 +105,6 @@ class Patch:
         return [path for path in self.paths(src=False) if path.startswith("tests/")]
 
 
-def changed(diff: str) -> list[str]:
-    """The paths of the files a diff's text changes, as its `+++ b/` lines name them."""
-    return [f.path for f in PatchSet(diff)]
-
-
 def failed_hunk(error: str) -> int | None:
     """The first source line of the hunk that git's error from `git apply` names, None if it names none."""
     failed = re.search(r"patch failed: \S+:(\d+)", error)
