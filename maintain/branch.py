@@ -6,12 +6,11 @@ writes it back; also the branch of the upstream PR."""
 import tempfile
 from pathlib import Path
 
-from maintain.repo import checkout
+from maintain.repo import UPSTREAM_TEST, checkout
 from mtp_mask_fix import check, cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import UPSTREAM_TEST
 from mtp_mask_fix.targets import Target
 
 

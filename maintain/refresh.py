@@ -12,14 +12,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from maintain.repo import checkout, megatron_lm_checkout, release, release_lines
+from maintain.repo import FIXED_FILE, checkout, megatron_lm_checkout, release, release_lines
 from maintain.upstreams import BRIDGE, MEGATRON_LM_PATCHES, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.journal import write_atomic
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, PATCHES
+from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.targets import Target
 
 

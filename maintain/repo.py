@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import PACKAGE
+from mtp_mask_fix.paths import GPT_STEP, PACKAGE, SRC
 from mtp_mask_fix.targets import Kind, Target, resolve
 
 
@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".work"  # downloads, environments and outputs (git-ignored)
 VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
 LINES_TOML = Path(__file__).with_name("lines.toml")
+FIXED_FILE = f"{SRC}/{GPT_STEP}"  # the one upstream source file the patch changes, in an upstream checkout
+UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"  # upstream's test file the patch extends
 
 
 def release_lines() -> dict[str, dict]:

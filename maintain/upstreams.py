@@ -4,9 +4,9 @@ import dataclasses
 import re
 from pathlib import Path
 
+from maintain.redgreen.contract import GPT_STEP_MODULE
 from maintain.repo import REPO
 from mtp_mask_fix.patch import Patch, series
-from mtp_mask_fix.paths import GPT_STEP_MODULE
 
 
 MEGATRON_LM_PATCHES = REPO / "patches" / "megatron-lm"  # one mailbox per Megatron-LM branch, <branch>.patch

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from maintain.repo import REPO
+from maintain.repo import FIXED_FILE, REPO, UPSTREAM_TEST
 from maintain.upstreams import MEGATRON_LM_PATCHES, load
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, UPSTREAM_TEST
 
 
 TEXTS = {path.name: path.read_text() for path in sorted((REPO / "upstream").glob("*.md"))}

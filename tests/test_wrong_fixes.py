@@ -26,10 +26,10 @@ import pytest
 from maintain.gate import checkout_row
 from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome
-from maintain.repo import VIEW, WORK, checkout
+from maintain.repo import FIXED_FILE, UPSTREAM_TEST, VIEW, WORK, checkout
 from maintain.trees import materialise
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST
+from mtp_mask_fix.paths import GPT_STEP
 from tests.support import sessions
 
 
