@@ -45,7 +45,7 @@ def _mailbox(repo: Path, parent: str, tree: str, message: str, old: Patch, *, up
     made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=_author(old), input=message).stdout.strip()
     stable = ["--zero-commit", "--no-signature", *[f"--base={parent}"] * upstream]
     text = git("format-patch", "-1", "--stdout", *stable, made, cwd=repo).stdout
-    moved = upstream and load(old.path, text).diff != old.diff
+    moved = upstream and str(load(old.path, text).files) != str(old.files)
     metadata = old.metadata | ({"Last-Update": datetime.date.today().isoformat()} if moved else {})
     head, sep, rest = text.partition("\n---\n")
     return f"{head}{sep}" + "".join(f"{key}: {value}\n" for key, value in metadata.items()) + f"\n{rest}"

@@ -57,6 +57,17 @@ def upstream_of(patch: Patch) -> Upstream:
     return BRIDGE
 
 
+def base_commit(patch: Patch) -> str | None:
+    """The commit its mailbox names as its base (format-patch --base), None if it names none."""
+    base = re.search(r"^base-commit: ([0-9a-f]{40})$", patch.text, re.M)
+    return base and base.group(1)
+
+
+def test_files(patch: Patch) -> list[str]:
+    """The upstream test files the patch changes, as an upstream checkout names them."""
+    return [path for path in patch.paths(src=False) if path.startswith("tests/")]
+
+
 def load(path: Path | None = None, text: str | None = None) -> Patch:
     """A patch of either upstream (the carried one by default); a Megatron-LM mailbox's megatron/ and examples/ read as
     under src/, where gate puts it, so that Patch's split of source and tests holds for both (its `text` stays the file's)."""

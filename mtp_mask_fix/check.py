@@ -53,10 +53,8 @@ class Verdict:
         return f"{self.target.label}: " + self.state.value[0].format(detail=self.detail, why=self.why)
 
 
-def candidates(explicit: Path | None = None) -> list[Patch]:
-    """The patches to judge a target by: `explicit` alone, or the carried patch and its backports."""
-    if explicit:
-        return [Patch.load(explicit)]
+def candidates() -> list[Patch]:
+    """The patches to judge a target by: the carried patch and its backports."""
     main = Patch.load()
     return [main, *map(Patch.load, sorted(PATCHES.glob(f"*/{main.path.name}")))]
 
@@ -94,7 +92,7 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     """The target's verdict by one patch, given the reading of its gpt_step.py, by git apply on a copy."""
     # Upstream's tests go with the source where the target has their files and their part fits; else it says so.
-    beside = target.kind is not Kind.INSTALLED and all((target.root / test).is_file() for test in patch.test_files())
+    beside = target.kind != Kind.INSTALLED and all((target.root / rel).is_file() for rel in patch.paths(src=False))
     gpt_step = stripped(patch.paths(src=True)[0], target.strip)
     reverted = trial.applied(target, patch, src=True, reverse=True)[0]
     if not reverted and reading.fixed:

@@ -31,8 +31,6 @@ class Patch:
     headers: dict[str, str]  # git mailinfo's Author, Email, Subject, Date
     body: str
     metadata: dict[str, str]
-    diff: str
-    base_commit: str | None
     files: PatchSet = field(repr=False, compare=False)
 
     @property
@@ -85,24 +83,15 @@ class Patch:
             )
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
-        base = re.search(r"^base-commit: ([0-9a-f]{40})$", after, re.M)
-        return cls(path, text, headers, body, metadata, diff, base and base.group(1), files)
+        return cls(path, text, headers, body, metadata, files)
 
-    def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
-        """The diff of the sources (`src` True), the rest (False) or all (None), less the hunk `leave_out` names."""
-        out = []
-        for patched in (f for f in self.files if src is None or is_source(f.path) == src):
-            kept = [str(h) for i, h in enumerate(patched) if (patched.path, i) != leave_out]
-            if kept:
-                out.append(str(patched).split("\n@@", 1)[0] + "\n" + "".join(kept))
-        return "".join(text if text.endswith("\n") else text + "\n" for text in out)
+    def part(self, *, src: bool | None = None) -> str:
+        """The diff of the sources (`src` True), the rest (False) or all (None)."""
+        return "".join(str(f) for f in self.files if src is None or is_source(f.path) == src)
 
     def paths(self, *, src: bool | None = None) -> list[str]:
         """The paths of the files the patch changes (`src` as in part), as an upstream checkout names them."""
         return [f.path for f in self.files if src is None or is_source(f.path) == src]
-
-    def test_files(self) -> list[str]:
-        return [path for path in self.paths(src=False) if path.startswith("tests/")]
 
 
 def failed_hunk(error: str) -> int | None:

@@ -11,7 +11,7 @@ from mtp_mask_fix.targets import Kind, Target
 
 
 def applied(target: Target, patch: Patch, *, src: bool, reverse=False) -> tuple[dict[str, bytes], str]:
-    """The bytes of the files the patch's part (`src`) changes once `git apply` (-R) on a copy; else {} and git's error."""
+    """Each file the patch's part (`src`) changes, its bytes once `git apply` (-R) on a copy; else {}, git's error."""
     if not (diff := patch.part(src=src)):
         return {}, ""
     files = [stripped(path, target.strip) for path in patch.paths(src=src)]

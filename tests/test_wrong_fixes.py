@@ -28,6 +28,7 @@ from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome
 from maintain.repo import FIXED_FILE, UPSTREAM_TEST, VIEW, WORK, checkout
 from maintain.trees import materialise
+from maintain.upstreams import base_commit
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import GPT_STEP
 from tests.support import sessions
@@ -223,7 +224,7 @@ def upstream(upstream_checkout, pytestconfig):
     copy of --upstream-checkout at --upstream-rev (the base-commit), built as gate builds it."""
     python = pytestconfig.getoption("upstream_python") or sys.executable
     patch = Patch.load()
-    rev = pytestconfig.getoption("upstream_rev") or patch.base_commit or "HEAD"
+    rev = pytestconfig.getoption("upstream_rev") or base_commit(patch) or "HEAD"
     row = checkout_row(checkout(upstream_checkout), patch, rev=rev)
     patched = row.patched.cwd  # upstream + the whole patch
     return row.touched, run_variants(patched, FIXED_FILE, row.patched, WORK / "upstream-variants", python)

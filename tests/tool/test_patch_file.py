@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from maintain.repo import REPO, VIEW
+from maintain.upstreams import base_commit
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import apply_diff
 from mtp_mask_fix.patch import Patch, series
@@ -65,7 +66,7 @@ class TestMailbox:
 
     def test_zero_commit_and_base_commit(self, patch):
         assert patch.text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n")
-        assert re.fullmatch(r"[0-9a-f]{40}", patch.base_commit or "")
+        assert re.fullmatch(r"[0-9a-f]{40}", base_commit(patch) or "")
 
     def test_no_sign_off(self, patch):
         """The submitter signs off with `./run branch` (git am -s); the carried patch holds none."""
