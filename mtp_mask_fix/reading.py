@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 
 MASK = "loss_mask"
-COPIES = {"clone", "detach", "contiguous"}  # what hands the model the same mask in another tensor
-KEYED = {"get", "pop", "setdefault"}  # dict methods whose first argument is the one key they touch
 # An MTP call: one whose model's config (`config`, as every release names it) has MTP layers, as releases test it.
 MTP_ON = ast.dump(ast.parse('(getattr(config, "mtp_num_layers", None) or 0) > 0', mode="eval").body)
 
@@ -67,8 +65,6 @@ def _given(module: ast.Module, func: ast.FunctionDef, call: ast.Call) -> tuple[b
     for node in sorted(uses, key=lambda node: (node.lineno, node.col_offset)):
         up, top = parents[node], parents.get(parents[node])
         key = getattr(up.slice, "value", None) if isinstance(up, ast.Subscript) else None
-        if getattr(up, "attr", "") in KEYED and isinstance(top, ast.Call) and top.args:
-            key = getattr(top.args[0], "value", None)  # `.get("padding_mask")`
         if node.lineno > call.lineno or isinstance(up, ast.Compare) or isinstance(up, ast.keyword) and top is call:
             continue  # after the call, a test, the call's own unpacking
         if isinstance(key, str) and key != MASK:
@@ -87,8 +83,7 @@ def _given(module: ast.Module, func: ast.FunctionDef, call: ast.Call) -> tuple[b
     if word is None:
         return False, "gets no loss_mask", call
     stmt, value = word
-    copied = isinstance(value, ast.Call) and not value.args and getattr(value.func, "attr", "") in COPIES
-    if getattr(value.func.value if copied else value, "id", "") != MASK:
+    if getattr(value, "id", "") != MASK:
         return None, "may hand the model something other than the batch's loss_mask", value
     if free := _free(module, func, value):
         return None, f"names {free}", stmt
