@@ -110,7 +110,7 @@ def derive_for(line: str, main: Patch) -> str:
 
 def backports() -> str:
     """Rewrite every backport, saying which changed."""
-    main, said = Patch.load(), []
+    main, said = load(), []
     for line in backport_lines():
         text, dest = derive_for(line, main), path(line, main)
         same = dest.is_file() and dest.read_text() == text

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import GPT_STEP, PACKAGE, SRC
+from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PATCHES, SRC
 from mtp_mask_fix.targets import Kind, Target, resolve
 
 
@@ -28,10 +28,14 @@ def release_lines() -> dict[str, dict]:
     return tomllib.loads(LINES_TOML.read_text())["releases"]
 
 
+def series() -> list[Path]:
+    """The patches patches/series lists, in order (quilt's format)."""
+    names = [line.split("#")[0].strip() for line in (PATCHES / "series").read_text().splitlines()]
+    return [PATCHES / name for name in names if name]
+
+
 def patch_file(version: str) -> str:
     """The patch that fixes a release, as `check` names it (patches/...)."""
-    from mtp_mask_fix.patch import series  # not at the top: ./run imports this module before .venv exists
-
     carried = Path("patches") / series()[0].name
     backport = release_lines()[version].get("backport")
     return str(carried.parent / backport / carried.name if backport else carried)

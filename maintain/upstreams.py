@@ -8,9 +8,9 @@ from pathlib import Path
 from unidiff.errors import UnidiffParseError
 
 from maintain.redgreen.contract import GPT_STEP_MODULE
-from maintain.repo import REPO
+from maintain.repo import REPO, series
 from mtp_mask_fix.errors import ToolError
-from mtp_mask_fix.patch import Patch, series
+from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.paths import SRC, is_source
 
 

@@ -16,9 +16,6 @@ from mtp_mask_fix.reading import Reading, read, unbound
 from mtp_mask_fix.targets import Kind, Target
 
 
-UNSURE = ("check cannot tell: {why}; `mtp-mask-fix verify` decides", Exit.USAGE)
-
-
 class State(Enum):
     """Where a target stands: its message and exit code."""
 
@@ -26,8 +23,8 @@ class State(Enum):
     LINKED = ("{detail} is a symlink: apply writes no link nor beyond one; name the tree that holds it", Exit.USAGE)
     APPLIES = ("the patch applies ({detail}); the bug is present: `apply` fixes it", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
-    UNPROVEN = ("the patch is applied ({detail}), but " + UNSURE[0], Exit.USAGE)
-    UNTOLD = UNSURE
+    UNTOLD = ("check cannot tell: {why}; `mtp-mask-fix verify` decides", Exit.USAGE)
+    UNPROVEN = ("the patch is applied ({detail}), but " + UNTOLD[0], Exit.USAGE)
     LOCAL_CHANGES = ("uncommitted local changes in the patch's region ({detail}); commit or stash them", Exit.USAGE)
     INSTALLED_EDITS = ("local edits in the patch's region ({detail}) unlike its wheel's RECORD: undo them", Exit.USAGE)
     EQUIVALENT = ("fixed another way: gpt_step passes loss_mask to the model; nothing to apply", Exit.ALREADY_APPLIED)
@@ -54,15 +51,14 @@ class Verdict:
 
 
 def candidates() -> list[Patch]:
-    """The patches to judge a target by: the carried patch and its backports."""
-    main = Patch.load()
+    """The patches to judge a target by: the carried patch (the one in patches/) and its backports."""
+    main = Patch.load(min(PATCHES.glob("*.patch")))
     return [main, *map(Patch.load, sorted(PATCHES.glob(f"*/{main.path.name}")))]
 
 
 def name(patch: Patch) -> str:
     """The patch file as README's table names it (patches/...), or as given."""
-    path = patch.path.resolve()
-    folder = PATCHES.resolve().parent
+    path, folder = patch.path.resolve(), PATCHES.resolve().parent
     return str(path.relative_to(folder) if path.is_relative_to(folder) else patch.path)
 
 
@@ -101,7 +97,7 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     if not changed and reading.fixed is None:
         return Verdict(target, State.UNTOLD, patch=patch, why=reading.why)
     if not changed:
-        found = _departs(target, patch, error)
+        found = _departs(target, patch, error, gpt_step)
         if trial.edited(target, patch.part(src=True), [gpt_step]):  # only local edits in the way
             state = State.LOCAL_CHANGES if target.kind is Kind.CHECKOUT else State.INSTALLED_EDITS
             return Verdict(target, state, found.split(" ")[0] or first_error_line(error), patch)
@@ -140,11 +136,10 @@ def _run(hunk, lines: list[str]) -> tuple[difflib.Match, list[str]]:
     return max(found, key=lambda run: run[0].size)
 
 
-def _departs(target: Target, patch: Patch, error: str) -> str:
-    """`FILE:LINE `text`` where the file departs from the source hunk git failed on, next to the run it holds."""
+def _departs(target: Target, patch: Patch, error: str, rel: str) -> str:
+    """`REL:LINE `text`` where the file `rel` departs from the source hunk git failed on, next to the run it holds."""
     failed = failed_hunk(error)
     hunks = [h for f in patch.files[:1] for h in f if failed is None or h.source_start == failed]
-    rel = stripped(patch.files[0].path, target.strip)
     lines = (target.root / rel).read_text(errors="replace").splitlines(keepends=True)
     (a, b, size), expected = _run(hunks[0], lines)
     at = b + size if a + size < len(expected) else b - 1  # the first line off the run: after it, else before it

@@ -8,13 +8,7 @@ from unidiff import PatchSet
 
 from mtp_mask_fix.git import git
 from mtp_mask_fix.journal import scratch
-from mtp_mask_fix.paths import PATCHES, is_source
-
-
-def series() -> list[Path]:
-    """The patches patches/series lists, in order (quilt's format)."""
-    names = [line.split("#")[0].strip() for line in (PATCHES / "series").read_text().splitlines()]
-    return [PATCHES / name for name in names if name]
+from mtp_mask_fix.paths import is_source
 
 
 @dataclass(frozen=True)
@@ -33,8 +27,7 @@ class Patch:
         return self.headers["Subject"]
 
     @classmethod
-    def load(cls, path: Path | None = None) -> "Patch":
-        path = Path(path or series()[0])
+    def load(cls, path: Path) -> "Patch":
         return cls.parse(path, path.read_bytes().decode(errors="replace"))
 
     @classmethod

@@ -49,12 +49,7 @@ def _quotes(text: str) -> list[str]:
 def _added(path: str) -> str:
     """The lines the patch adds to `path`, without the blank lines at their end."""
     lines = [
-        line.value
-        for file in Patch.load().files
-        if file.path == path
-        for hunk in file
-        for line in hunk
-        if line.is_added
+        line.value for file in load().files if file.path == path for hunk in file for line in hunk if line.is_added
     ]
     return "".join(lines).rstrip("\n") + "\n"
 
@@ -67,7 +62,7 @@ def test_every_link_names_a_commit_that_never_moves():
     repos = {link["repo"] for link in LINKS}
     urls = re.findall(rf"https://github\.com/(?:{BRIDGE}|{MEGATRON_LM})/(?:blob|tree)/\S+", "".join(TEXTS.values()))
     assert repos == {BRIDGE, MEGATRON_LM} and len(urls) == len(LINKS)  # every such URL is a link LINK reads
-    base = base_commit(Patch.load())
+    base = base_commit(load())
     assert {link["rev"] for link in LINKS if link["repo"] == BRIDGE} == {base}
     assert all(re.fullmatch(r"[0-9a-f]{40}", link["rev"]) for link in LINKS if link["repo"] == MEGATRON_LM)
 
@@ -135,7 +130,7 @@ def _git(where: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_megatron_lm_links_for_bridge_name_the_commit_upstream_pins(upstream_checkout):
-    pin = _git(upstream_checkout, "rev-parse", f"{base_commit(Patch.load())}:{SUBMODULE}").stdout.strip()
+    pin = _git(upstream_checkout, "rev-parse", f"{base_commit(load())}:{SUBMODULE}").stdout.strip()
     links = [link for name in set(TEXTS) - FOR_MEGATRON_LM for link in LINKS_FOR[name]]
     assert {link["rev"] for link in links if link["repo"] == MEGATRON_LM} == {pin}
 

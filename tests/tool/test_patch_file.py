@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from maintain.repo import REPO, VIEW
+from maintain.repo import REPO, VIEW, series
 from maintain.upstreams import base_commit, load
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import apply_diff
-from mtp_mask_fix.patch import series
 from mtp_mask_fix.paths import PATCHES
 from tests.support.targets import FIXED, UPSTREAM_TEST
 
