@@ -174,7 +174,7 @@ def _fitted(patch: Patch, tree: Path) -> Patch:
             if not held and git(*index, *apply, "-", input=hunk, check=False).returncode:
                 return patch
         fitted = git(*index, "diff-index", "--cached", "-p", base).stdout
-    return Patch.parse(patch.path, patch.text.split("\n---\n", 1)[0] + "\n---\n" + fitted)  # no diffstat to match
+    return Patch.load(patch.path, patch.text.split("\n---\n", 1)[0] + "\n---\n" + fitted)  # no diffstat to match
 
 
 # tools/autoformat.sh's checks, CHECK_ONLY=true as Megatron-LM's CI runs them; each tool reads the tree's settings.

@@ -92,7 +92,7 @@ def load(path: Path | None = None, text: str | None = None) -> Patch:
         moved = re.sub(r"(?m)^(diff --git a/|--- a/|\+\+\+ b/)(megatron|examples)/", r"\1src/\2/", text)
         moved = re.sub(r" b/(megatron|examples)/", r" b/src/\1/", moved)
     try:
-        patch = dataclasses.replace(Patch.parse(path, moved), text=text)
+        patch = dataclasses.replace(Patch.load(path, moved), text=text)
     except subprocess.CalledProcessError as exc:
         raise ToolError(f"patch {path} is corrupted: git mailinfo cannot read it") from exc
     except UnidiffParseError as exc:

@@ -9,7 +9,6 @@ from pathlib import Path
 from mtp_mask_fix import journal, trial
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, stripped
-from mtp_mask_fix.journal import doing
 from mtp_mask_fix.patch import Patch, failed_hunk
 from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.reading import Reading, read, unbound
@@ -71,7 +70,7 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
     """The target's verdict: what a killed run left, else its verdict by the patch that fits, the closest first."""
     if (said := journal.left(target.root, touched(target, patches))) is not None:
         return Verdict(target, State.INTERRUPTED, said, patches[0])
-    with doing("reading", target.fixed_file):
+    with journal.doing("reading", target.fixed_file):
         lines = target.fixed_file.read_text(errors="replace").splitlines(keepends=True)
     reading = read("".join(lines), str(target.fixed_file.relative_to(target.root)))
     within = [Path(rel) for rel in touched(target, patches)]  # read through a link: what it holds may be fixed

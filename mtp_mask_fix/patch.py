@@ -27,12 +27,9 @@ class Patch:
         return self.headers["Subject"]
 
     @classmethod
-    def load(cls, path: Path) -> "Patch":
-        return cls.parse(path, path.read_bytes().decode(errors="replace"))
-
-    @classmethod
-    def parse(cls, path: Path, text: str) -> "Patch":
-        """Read a mailbox's text, as format-patch writes it (maintain's upstreams.load refuses a damaged one)."""
+    def load(cls, path: Path, text: str | None = None) -> "Patch":
+        """Read a mailbox (`text`, else its file's) as format-patch writes it; maintain's load refuses one damaged."""
+        text = path.read_bytes().decode(errors="replace") if text is None else text
         with scratch() as tmp:
             msg, rest = tmp / "msg", tmp / "rest"
             info = git("mailinfo", str(msg), str(rest), input=text)

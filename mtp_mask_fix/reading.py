@@ -111,9 +111,7 @@ def _mtp(guard: ast.If, func: ast.FunctionDef) -> bool:
     """Whether an `if` holds on every MTP call: it tests MTP_ON, or a name that one statement before binds to it."""
     test = guard.test
     if isinstance(test, ast.Name):  # each name bound once, by a statement of the function's own before the `if`
-        made = [
-            n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == test.id and isinstance(n.ctx, ast.Store)
-        ]
+        made = [n for n in ast.walk(func) if getattr(n, "id", "") == test.id and isinstance(n.ctx, ast.Store)]
         test = next((s.value for s in func.body if getattr(s, "targets", 0) == made and s.lineno < guard.lineno), test)
     return ast.dump(test) == MTP_ON
 

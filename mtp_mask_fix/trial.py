@@ -20,9 +20,8 @@ def applied(target: Target, patch: Patch, *, src: bool, reverse=False) -> tuple[
             with doing(f"copying {target.root / rel} into", tmp):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / rel).write_bytes((target.root / rel).read_bytes())
-        if error := apply_diff(diff, tmp, strip=target.strip, reverse=reverse):
-            return {}, error
-        return {rel: (tmp / rel).read_bytes() for rel in files}, ""
+        error = apply_diff(diff, tmp, strip=target.strip, reverse=reverse)
+        return ({}, error) if error else ({rel: (tmp / rel).read_bytes() for rel in files}, "")
 
 
 def edited(target: Target, diff: str, files: list[str]) -> bool:
