@@ -107,7 +107,6 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     scope += f"; upstream's tests left out, their file has moved on ({first_error_line(moved)})" if moved else ""
     detail = f"{scope}, {name(patch)}"
     rewrite = changed | with_tests
-    # The text with the patch's lines, and what they read that the function they are in does not bind.
     text = ((target.root / gpt_step).read_bytes() if reverted else changed[gpt_step]).decode(errors="replace")
     added = {line.value for hunk in patch.files[0] for line in hunk if line.is_added}
     landed = unbound(text, {n + 1 for n, line in enumerate(text.splitlines(True)) if line in added}, gpt_step)
@@ -137,8 +136,7 @@ def _run(hunk, lines: list[str]) -> tuple[difflib.Match, list[str]]:
 
 def _departs(target: Target, patch: Patch, error: str, rel: str) -> str:
     """`REL:LINE `text`` where the file `rel` departs from the source hunk git failed on, next to the run it holds."""
-    failed = failed_hunk(error)
-    hunks = [h for f in patch.files[:1] for h in f if failed is None or h.source_start == failed]
+    hunks = [hunk for hunk in patch.files[0] if failed_hunk(error) in (None, hunk.source_start)]
     lines = (target.root / rel).read_text(errors="replace").splitlines(keepends=True)
     (a, b, size), expected = _run(hunks[0], lines)
     at = b + size if a + size < len(expected) else b - 1  # the first line off the run: after it, else before it
