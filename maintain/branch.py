@@ -7,12 +7,11 @@ import tempfile
 from pathlib import Path
 
 from maintain import printed
-from maintain.repo import checkout
+from maintain.repo import UPSTREAM_TEST, checkout
 from mtp_mask_fix import check, cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import UPSTREAM_TEST
 from mtp_mask_fix.targets import Target
 
 

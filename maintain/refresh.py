@@ -13,14 +13,14 @@ import tempfile
 from pathlib import Path
 
 from maintain import printed
-from maintain.repo import checkout, megatron_lm_checkout, release, release_lines
+from maintain.repo import FIXED_FILE, checkout, megatron_lm_checkout, release, release_lines
 from maintain.upstreams import BRIDGE, MEGATRON_LM_PATCHES, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.journal import write_atomic
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, PATCHES
+from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.targets import Target
 
 
@@ -46,7 +46,7 @@ def _mailbox(repo: Path, parent: str, tree: str, message: str, old: Patch, *, up
     made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=_author(old), input=message).stdout.strip()
     stable = ["--zero-commit", "--no-signature", *[f"--base={parent}"] * upstream]
     text = git("format-patch", "-1", "--stdout", *stable, made, cwd=repo).stdout
-    moved = upstream and load(old.path, text).diff != old.diff
+    moved = upstream and str(load(old.path, text).files) != str(old.files)
     metadata = old.metadata | ({"Last-Update": datetime.date.today().isoformat()} if moved else {})
     head, sep, rest = text.partition("\n---\n")
     return f"{head}{sep}" + "".join(f"{key}: {value}\n" for key, value in metadata.items()) + f"\n{rest}"
@@ -111,7 +111,7 @@ def derive_for(line: str, main: Patch) -> str:
 
 def backports() -> str:
     """Rewrite every backport, saying which changed."""
-    main, said = Patch.load(), []
+    main, said = load(), []
     for line in backport_lines():
         text, dest = derive_for(line, main), path(line, main)
         same = dest.is_file() and dest.read_text() == text

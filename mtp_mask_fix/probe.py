@@ -13,19 +13,6 @@ from types import SimpleNamespace
 LOSS_MASK = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]  # asymmetric: no other tensor of the batch equals it
 
 
-def _batch(torch):
-    """One micro-batch as Bridge's datasets yield it, kept on the CPU by `.cuda()`."""
-
-    class Resident(torch.Tensor):
-        def cuda(self, *args, **kwargs):
-            return self
-
-    tensors = dict(tokens=[[5, 6, 7, 8], [9, 10, 11, 0]], labels=[[6, 7, 8, 0], [10, 11, 0, 0]], loss_mask=LOSS_MASK)
-    tensors["position_ids"] = [[0, 1, 2, 3], [0, 1, 2, 3]]
-    batch = {key: torch.tensor(value).as_subclass(Resident) for key, value in tensors.items()}
-    return batch | {"attention_mask": None}
-
-
 def global_state():
     """The parts of Bridge's GlobalState that forward_step reads, with no packing and timers that do nothing."""
     from unittest.mock import MagicMock  # timers and the straggler timer: called, started, entered, they do nothing
@@ -46,6 +33,13 @@ def probe() -> dict:
 
     import megatron.bridge.training.gpt_step as gpt_step
 
+    class Resident(torch.Tensor):  # one micro-batch as Bridge's datasets yield it, kept on the CPU by `.cuda()`
+        def cuda(self, *args, **kwargs):
+            return self
+
+    tensors = dict(tokens=[[5, 6, 7, 8], [9, 10, 11, 0]], labels=[[6, 7, 8, 0], [10, 11, 0, 0]], loss_mask=LOSS_MASK)
+    tensors["position_ids"] = [[0, 1, 2, 3], [0, 1, 2, 3]]
+    batch = {key: torch.tensor(value).as_subclass(Resident) for key, value in tensors.items()}
     seen = {}
 
     def model(**kwargs):
@@ -62,10 +56,9 @@ def probe() -> dict:
     config = SimpleNamespace(
         mtp_num_layers=1, is_hybrid_model=False, seq_length=4, overlap_moe_expert_parallel_comm=False
     )
-    # What a model built by Bridge carries: its config and its process groups.
-    gpt_step.get_model_config = lambda model: config
+    gpt_step.get_model_config = lambda model: config  # what a model built by Bridge carries, and its groups
     gpt_step.get_pg_collection = lambda model: SimpleNamespace(pp=world, cp=world, tp=world)
-    gpt_step.forward_step(global_state(), iter([_batch(torch)]), model)
+    gpt_step.forward_step(global_state(), iter([batch | {"attention_mask": None}]), model)
     given, mask = seen.get("loss_mask"), torch.tensor(LOSS_MASK)
     delivered = isinstance(given, torch.Tensor) and torch.equal(given, mask)
     if delivered:
