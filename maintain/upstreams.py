@@ -95,8 +95,10 @@ def load(path: Path | None = None, text: str | None = None) -> Patch:
         patch = dataclasses.replace(Patch.load(path, moved), text=text)
     except subprocess.CalledProcessError as exc:
         raise ToolError(f"patch {path} is corrupted: git mailinfo cannot read it") from exc
-    except UnidiffParseError as exc:
-        raise ToolError(f"patch {path} is corrupted: {exc}") from exc
+    except ToolError as exc:  # the tool's own words tell an installed tool's user to reinstall it
+        if not isinstance(exc.__cause__, UnidiffParseError):
+            raise
+        raise ToolError(f"patch {path} is corrupted: {exc.__cause__}") from exc
     _refuse_damaged(patch)
     return patch
 

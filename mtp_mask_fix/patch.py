@@ -5,7 +5,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
 
+from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.journal import scratch
 from mtp_mask_fix.paths import is_source
@@ -40,7 +42,10 @@ class Patch:
         diff = after[start : min(ends, default=len(after)) + 1] if start >= 0 else ""
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
-        return cls(path, text, headers, body, metadata, PatchSet(diff))
+        try:
+            return cls(path, text, headers, body, metadata, PatchSet(diff))
+        except UnidiffParseError as exc:  # a mailbox cut short: the package's copy is damaged
+            raise ToolError(f"{path}: its diff is cut short ({exc}); reinstall mtp-mask-fix") from exc
 
     def part(self, *, src: bool | None = None) -> str:
         """The diff of the sources (`src` True), the rest (False) or all (None)."""

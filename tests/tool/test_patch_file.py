@@ -2,6 +2,7 @@
 
 import datetime
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from maintain.repo import REPO, VIEW, series
 from maintain.upstreams import base_commit, load
+from mtp_mask_fix import check
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import apply_diff
 from mtp_mask_fix.paths import PATCHES
@@ -189,3 +191,15 @@ def test_a_damaged_patch_is_refused_in_one_line(patch, tmp_path, name):
 def test_a_missing_patch_is_refused(tmp_path):
     with pytest.raises(ToolError, match="cannot read patch"):
         load(tmp_path / "nope.patch")
+
+
+def test_a_patch_cut_short_in_the_package_is_refused_in_one_line(
+    cli, refused, site_packages, patch, tmp_path, monkeypatch
+):
+    """An installed tool whose package data lost its patch's end: one line naming the file, exit 2, no traceback."""
+    copy = tmp_path / "patches"
+    shutil.copytree(PATCHES, copy)
+    cut = copy / patch.path.name
+    cut.write_text(patch.text[: patch.text.index("     }\n+    if use_mtp:")])
+    monkeypatch.setattr(check, "PATCHES", copy)
+    refused(cli("check", site_packages.root), 2, f"{cut}: its diff is cut short", "reinstall mtp-mask-fix")
