@@ -9,6 +9,7 @@ from pathlib import Path
 from maintain import printed
 from maintain.repo import UPSTREAM_TEST, checkout
 from mtp_mask_fix import check, cli
+from mtp_mask_fix.check import State, Verdict
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
@@ -26,7 +27,7 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
     verdict = check.check(target, patches)
-    if fixed := check.fixed_how(verdict):
+    if fixed := _fixed_how(verdict):
         return f"{target.label}: already fixed ({fixed}); no branch made"
     if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
@@ -80,3 +81,10 @@ def parser() -> cli.Parser:
 
 if __name__ == "__main__":
     cli.main(parser=parser())
+
+
+def _fixed_how(verdict: Verdict) -> str:
+    """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
+    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
+        raise ToolError(str(verdict), verdict.state.code)
+    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")

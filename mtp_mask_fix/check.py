@@ -7,7 +7,7 @@ from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix import journal, trial
-from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.git import first_error_line, stripped
 from mtp_mask_fix.patch import Patch, failed_hunk
 from mtp_mask_fix.paths import PATCHES
@@ -141,10 +141,3 @@ def _departs(target: Target, patch: Patch, error: str, rel: str) -> str:
     (a, b, size), expected = _run(hunks[0], lines)
     at = b + size if a + size < len(expected) else b - 1  # the first line off the run: after it, else before it
     return f"{rel}:{at + 1} `{lines[at].strip()}`" if size and 0 <= at < len(lines) else ""
-
-
-def fixed_how(verdict: Verdict) -> str:
-    """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
-    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
-        raise ToolError(str(verdict), verdict.state.code)
-    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")
