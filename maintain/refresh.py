@@ -106,7 +106,7 @@ def derive_for(line: str, main: Patch) -> str:
         if done.returncode != 0:
             raise ToolError(f"the carried patch does not fit this base: {first_error_line(done.stderr)}", Exit.DRIFTED)
         tree = git("write-tree", cwd=repo).stdout.strip()
-        return _mailbox(Path(repo), "HEAD", tree, f"{main.subject}\n\n{main.body}\n", main, upstream=False)
+        return _mailbox(Path(repo), "HEAD", tree, f"{main.headers['Subject']}\n\n{main.body}\n", main, upstream=False)
 
 
 def backports() -> str:

@@ -30,7 +30,7 @@ def report(target: str | None, *, python: str, status: bool = False) -> int:
     with Lock(tree.root, tree.label).held():  # a running write finishes first
         verdict = check.check(tree, patches)
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
-    say(f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}" if status else str(verdict))
+    say(f"{patches[0].path.name}: {patches[0].headers['Subject']}\n{block}  on {verdict}" if status else str(verdict))
     return verdict.state.code
 
 

@@ -24,10 +24,6 @@ class Patch:
     metadata: dict[str, str]
     files: PatchSet = field(repr=False, compare=False)
 
-    @property
-    def subject(self) -> str:
-        return self.headers["Subject"]
-
     @classmethod
     def load(cls, path: Path, text: str | None = None) -> "Patch":
         """Read a mailbox (`text`, else its file's) as format-patch writes it; maintain's load refuses one damaged."""

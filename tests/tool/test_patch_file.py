@@ -51,9 +51,10 @@ class TestMailbox:
 
     def test_title_is_a_conventional_commit_of_at_most_60_characters(self, patch):
         """House style: the median title is about 60 characters before " (#NNNN)"."""
-        assert re.fullmatch(r"fix\(training\): [a-z][^.]*[^.\s]", patch.subject)
-        assert len(patch.subject) <= 60
-        assert "loss_mask" in patch.subject and "MTP" in patch.subject
+        subject = patch.headers["Subject"]
+        assert re.fullmatch(r"fix\(training\): [a-z][^.]*[^.\s]", subject)
+        assert len(subject) <= 60
+        assert "loss_mask" in subject and "MTP" in subject
 
     def test_the_fix_comment_says_why_the_guard(self, patch):
         """The next refactor must not simplify `if use_mtp:` away: the comment names the only reader and FalconH1."""
