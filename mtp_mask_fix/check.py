@@ -76,7 +76,6 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
     within = [Path(rel) for rel in touched(target, patches)]  # read through a link: what it holds may be fixed
     if linked := [part for rel in within for part in [rel, *rel.parents][:-1] if (target.root / part).is_symlink()]:
         return Verdict(target, State.EQUIVALENT if reading.fixed else State.LINKED, str(linked[0]), patches[0])
-    # Closest: the patch whose source hunk the file holds the longest run of lines of; on a tie, its release line's.
     run = lambda patch: max(_run(hunk, lines)[0].size for f in patch.files[:1] for hunk in f)
     closest = sorted(patches, key=lambda patch: (-run(patch), not _of_line(patch, target.release)))
     verdicts = (_check(target, patch, reading) for patch in closest)
@@ -95,8 +94,12 @@ def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     changed, error = (reverted, "") if reverted else trial.applied(target, patch, src=True)
     if not changed and reading.fixed is None:
         return Verdict(target, State.UNTOLD, patch=patch, why=reading.why)
-    if not changed:
-        found = _departs(target, patch, error, gpt_step)
+    if not changed:  # `FILE:LINE `text`` where gpt_step departs from the hunk git failed on, next to the run it holds
+        hunks = [hunk for hunk in patch.files[0] if failed_hunk(error) in (None, hunk.source_start)]
+        lines = (target.root / gpt_step).read_text(errors="replace").splitlines(keepends=True)
+        (a, b, size), expected = _run(hunks[0], lines)
+        at = b + size if a + size < len(expected) else b - 1  # the first line off the run: after it, else before it
+        found = f"{gpt_step}:{at + 1} `{lines[at].strip()}`" if size and 0 <= at < len(lines) else ""
         if trial.edited(target, patch.part(src=True), [gpt_step]):  # only local edits in the way
             state = State.LOCAL_CHANGES if target.kind is Kind.CHECKOUT else State.INSTALLED_EDITS
             return Verdict(target, state, found.split(" ")[0] or first_error_line(error), patch)
@@ -132,12 +135,3 @@ def _run(hunk, lines: list[str]) -> tuple[difflib.Match, list[str]]:
     sides = [[line.value for line in hunk if not line.is_added], [line.value for line in hunk if not line.is_removed]]
     found = [(difflib.SequenceMatcher(None, side, lines, autojunk=False).find_longest_match(), side) for side in sides]
     return max(found, key=lambda run: run[0].size)
-
-
-def _departs(target: Target, patch: Patch, error: str, rel: str) -> str:
-    """`REL:LINE `text`` where the file `rel` departs from the source hunk git failed on, next to the run it holds."""
-    hunks = [hunk for hunk in patch.files[0] if failed_hunk(error) in (None, hunk.source_start)]
-    lines = (target.root / rel).read_text(errors="replace").splitlines(keepends=True)
-    (a, b, size), expected = _run(hunks[0], lines)
-    at = b + size if a + size < len(expected) else b - 1  # the first line off the run: after it, else before it
-    return f"{rel}:{at + 1} `{lines[at].strip()}`" if size and 0 <= at < len(lines) else ""
