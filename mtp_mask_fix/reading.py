@@ -100,20 +100,15 @@ def _skips(stmt: ast.stmt, call: ast.Call, parents: dict, func: ast.FunctionDef)
         path.append(parents[path[-1]])
     node = stmt
     while (up := parents[node]) not in path:
-        if not (isinstance(up, ast.If) and node in up.body and _mtp(up, func)):
+        test = getattr(up, "test", None)  # an `if` holds on every MTP call that tests MTP_ON, or a name bound to it
+        if isinstance(test, ast.Name):  # each name bound once, by a statement of the function's own before the `if`
+            put = [n for n in ast.walk(func) if getattr(n, "id", "") == test.id and isinstance(n.ctx, ast.Store)]
+            test = next((s.value for s in func.body if getattr(s, "targets", 0) == put and s.lineno < up.lineno), test)
+        if not (isinstance(up, ast.If) and node in up.body and ast.dump(test) == MTP_ON):
             return up
         node = up
     below = path[path.index(up) - 1]  # what holds the call in `up`: in the same block as `node`, after it
     return None if any(isinstance(v, list) and node in v and below in v for _, v in ast.iter_fields(up)) else up
-
-
-def _mtp(guard: ast.If, func: ast.FunctionDef) -> bool:
-    """Whether an `if` holds on every MTP call: it tests MTP_ON, or a name that one statement before binds to it."""
-    test = guard.test
-    if isinstance(test, ast.Name):  # each name bound once, by a statement of the function's own before the `if`
-        made = [n for n in ast.walk(func) if getattr(n, "id", "") == test.id and isinstance(n.ctx, ast.Store)]
-        test = next((s.value for s in func.body if getattr(s, "targets", 0) == made and s.lineno < guard.lineno), test)
-    return ast.dump(test) == MTP_ON
 
 
 def _free(module: ast.Module, func: ast.FunctionDef, node: ast.AST) -> str:
