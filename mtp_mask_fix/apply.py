@@ -33,9 +33,8 @@ def apply(target: str | None, *, verify: bool, python: str, wait: float = WAIT) 
                 say(f"{tree.label}: {done}{shown}")
                 return Exit.OK
     if verdict.state is State.APPLIES:  # the bytes to write are not the ones verified: the tree changed meanwhile
-        raise ToolError(
-            f"{tree.label}: changed while the patch was verified; nothing changed: run it again", Exit.FAILED
-        )
+        said = f"{tree.label}: changed while the patch was verified; nothing changed: run it again"
+        raise ToolError(said, Exit.FAILED)
     unsure = verdict.state in (State.UNPROVEN, State.UNTOLD)  # the probe tells
     how = {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}  # how it is fixed already
     if not unsure and verdict.state not in how:
