@@ -69,6 +69,13 @@ def run(args) -> tuple[str, Exit]:
     return make_branch(checkout(args.checkout), check.candidates(), args.name), Exit.OK
 
 
+def _fixed_how(verdict: Verdict) -> str:
+    """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
+    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
+        raise ToolError(str(verdict), verdict.state.code)
+    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")
+
+
 def parser() -> cli.Parser:
     """`./run branch`'s options; its refusals are the tool's (one line, the same exit codes)."""
     said = "the patch as a signed-off commit on a new branch of a checkout"
@@ -81,10 +88,3 @@ def parser() -> cli.Parser:
 
 if __name__ == "__main__":
     cli.main(parser=parser())
-
-
-def _fixed_how(verdict: Verdict) -> str:
-    """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
-    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
-        raise ToolError(str(verdict), verdict.state.code)
-    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")
