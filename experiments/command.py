@@ -19,6 +19,7 @@ from pathlib import Path
 
 from experiments.design import ARMS
 from experiments.effect_arm import SEED_DONE
+from maintain import printed
 from maintain.repo import VIEW, pins, release
 from mtp_mask_fix import cli
 from mtp_mask_fix.journal import write_atomic
@@ -233,5 +234,5 @@ def write(out: Path | None, files: dict[str, bytes]) -> str:
 def main(parser: cli.Parser, run, argv: list[str] | None = None) -> None:
     """Parse, then ``run(args)`` (returns what to print and the exit code); one line and its code for a refusal or a
     signal."""
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=printed(run))
     cli.main(sys.argv[1:] if argv is None else argv, parser=parser)

@@ -6,12 +6,13 @@ writes it back; also the branch of the upstream PR."""
 import tempfile
 from pathlib import Path
 
-from maintain.repo import checkout
+from maintain import printed
+from maintain.repo import UPSTREAM_TEST, checkout
 from mtp_mask_fix import check, cli
+from mtp_mask_fix.check import State, Verdict
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import UPSTREAM_TEST
 from mtp_mask_fix.targets import Target
 
 
@@ -26,7 +27,7 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
     verdict = check.check(target, patches)
-    if fixed := check.fixed_how(verdict):
+    if fixed := _fixed_how(verdict):
         return f"{target.label}: already fixed ({fixed}); no branch made"
     if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
@@ -68,13 +69,20 @@ def run(args) -> tuple[str, Exit]:
     return make_branch(checkout(args.checkout), check.candidates(), args.name), Exit.OK
 
 
+def _fixed_how(verdict: Verdict) -> str:
+    """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
+    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
+        raise ToolError(str(verdict), verdict.state.code)
+    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")
+
+
 def parser() -> cli.Parser:
     """`./run branch`'s options; its refusals are the tool's (one line, the same exit codes)."""
     said = "the patch as a signed-off commit on a new branch of a checkout"
     parser = cli.Parser(prog="./run branch", description=said)
     parser.add_argument("checkout", metavar="CHECKOUT", help="the top of a Megatron-Bridge git checkout")
     parser.add_argument("name", metavar="NAME", help="the new branch")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=printed(run))
     return parser
 
 

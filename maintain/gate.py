@@ -4,6 +4,8 @@ upstream's test files that the patch changes (its base tree gets the patch's tes
 each Megatron-LM patch on its base-commit and each megatron-core release in lines.toml (--megatron-lm)."""
 
 import ast
+import copy
+import dataclasses
 import hashlib
 import shutil
 import subprocess
@@ -15,12 +17,22 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from maintain import printed
 from maintain.envs.make import stage_core, uv
 from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome, Run, problems
 from maintain.repo import LINES_TOML, REPO, WORK, checkout, megatron_lm_checkout, pins, release
 from maintain.trees import materialise
-from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, Upstream, load, upstream_of
+from maintain.upstreams import (
+    BRIDGE,
+    MEGATRON_LM,
+    MEGATRON_LM_PATCHES,
+    Upstream,
+    base_commit,
+    load,
+    test_files,
+    upstream_of,
+)
 from mtp_mask_fix import cli
 from mtp_mask_fix.check import State, candidates, check
 from mtp_mask_fix.errors import Exit, ToolError
@@ -67,9 +79,10 @@ def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str,
     src = None if checkout else True  # a checkout takes upstream's tests with the sources
     strip = target.strip
     trees = [materialise(root, work / "base", patch, src=False, strip=strip) if checkout else root]
-    for name, hunk in [("patched", None)] + [(f"without-{i}", h) for i, h in enumerate(_source_hunks(patch), 1)]:
-        left = patch.part(src=True, leave_out=hunk)  # no source hunk left: the base tree
-        trees.append(materialise(root, work / name, patch, src=src, leave_out=hunk, strip=strip) if left else trees[0])
+    hunks = [(f.path, i) for f in patch.files if is_source(f.path) for i in range(len(f))]
+    for name, kept in [("patched", patch)] + [(f"without-{i}", without(patch, h)) for i, h in enumerate(hunks, 1)]:
+        left = kept.part(src=True)  # no source hunk left: the base tree
+        trees.append(materialise(root, work / name, kept, src=src, strip=strip) if left else trees[0])
     up = upstream_of(patch)
     jobs = [
         Job((*tests, *up.options), tree / SRC, tree, up.module) if checkout else Job(tests, tree) for tree in trees
@@ -77,8 +90,14 @@ def _row(target: Target, patch: Patch, root: Path, work: Path, tests: tuple[str,
     return Row(target, patch, *jobs[:2], jobs[2:])
 
 
-def _source_hunks(patch: Patch) -> list[tuple[str, int]]:
-    return [(f.path, i) for f in patch.files if is_source(f.path) for i in range(len(f))]
+def without(patch: Patch, hunk: tuple[str, int]) -> Patch:
+    """The patch less one hunk (its file's path and index there), a file left with none left out."""
+    files = copy.deepcopy(patch.files)
+    for changed in files:
+        if changed.path == hunk[0]:
+            del changed[hunk[1]]
+    files[:] = [changed for changed in files if changed]
+    return dataclasses.replace(patch, files=files)
 
 
 def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: Path | None = None) -> Target:
@@ -107,8 +126,8 @@ def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: P
 def checkout_row(target: Target, patch: Patch, rev: str = "HEAD", upstream: Path | None = None) -> Row:
     """Upstream at `rev` (`at`'s tree, or `upstream`) with the patch's test part, all of it, each source hunk out."""
     upstream = upstream or at(target, rev, upstream_of(patch)).root
-    row = _row(target, patch, upstream, upstream.parent, tuple(patch.test_files()))
-    row.touched = touched_tests(patch.test_files(), upstream, row.patched.cwd)
+    row = _row(target, patch, upstream, upstream.parent, tuple(test_files(patch)))
+    row.touched = touched_tests(test_files(patch), upstream, row.patched.cwd)
     row.notes = _lint(patch, row.patched.cwd)
     return row
 
@@ -126,8 +145,8 @@ def megatron_lm_rows(checkout: Target) -> list[Row]:
     trees, rows = [(p, None) for p in patches] + [(r["patch"], v) for v, r in releases.items()], []
     for name, version in trees:
         patch = patches[name]
-        sdist, base = version and stage_core(version), patch.base_commit[:10]
-        root = at(checkout, patch.base_commit, upstream_of(patch), sdist).root
+        sdist, base = version and stage_core(version), base_commit(patch)[:10]
+        root = at(checkout, base_commit(patch), upstream_of(patch), sdist).root
         label = f"megatron-core {version} + tests {base}" if version else f"Megatron-LM {name} {base}"
         patch = _fitted(patch, root) if version else patch
         rows.append(checkout_row(Target(label, root, Kind.CHECKOUT), patch, upstream=root))
@@ -156,7 +175,7 @@ def _fitted(patch: Patch, tree: Path) -> Patch:
             if not held and git(*index, *apply, "-", input=hunk, check=False).returncode:
                 return patch
         fitted = git(*index, "diff-index", "--cached", "-p", base).stdout
-    return Patch.parse(patch.path, patch.text.split("\n---\n", 1)[0] + "\n---\n" + fitted)  # no diffstat to match
+    return Patch.load(patch.path, patch.text.split("\n---\n", 1)[0] + "\n---\n" + fitted)  # no diffstat to match
 
 
 # tools/autoformat.sh's checks, CHECK_ONLY=true as Megatron-LM's CI runs them; each tool reads the tree's settings.
@@ -231,7 +250,7 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     row.unjudged = len(patched.outcomes) - len(fail_to_pass) - len(others)
     row.notes += problems(base, patched, fail_to_pass, others)
     if not fail_to_pass:  # never a pass when nothing could go red
-        row.notes.append(f"no FAIL_TO_PASS test of {', '.join(row.patch.test_files() or row.base.args)} ran")
+        row.notes.append(f"no FAIL_TO_PASS test of {', '.join(test_files(row.patch) or row.base.args)} ran")
     for hunk, job in enumerate(row.without, 1):  # needed: left out, a FAIL_TO_PASS test does not pass or lint finds
         lints = row.target.kind == Kind.CHECKOUT and _lint(row.patch, job.cwd)  # a release has no lint config
         if all(runs[job].of(n) == Outcome.PASSED for n in fail_to_pass) and not lints:
@@ -323,7 +342,9 @@ def run(args) -> tuple[str, Exit]:
     done = []
     for where, targets in groups.items():
         start = time.monotonic()
-        done.append(gate(checked(targets, candidates(args.patch)), python=where, start=start))
+        done.append(
+            gate(checked(targets, [load(args.patch)] if args.patch else candidates()), python=where, start=start)
+        )
     if megatron_lm:
         rows = megatron_lm_rows(megatron_lm)
         done.append(gate(rows, python=python or sys.executable, start=time.monotonic()))
@@ -343,7 +364,7 @@ def parser() -> cli.Parser:
     python_help = "one interpreter for every target (default: each release's own environment; this one for checkouts)"
     parser.add_argument("--python", metavar="PY", help=python_help)
     parser.add_argument("--patch", type=Path, help="the patch to gate (default: the first in patches/series)")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=printed(run))
     return parser
 
 

@@ -12,14 +12,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from maintain.repo import checkout, megatron_lm_checkout, release, release_lines
+from maintain import printed
+from maintain.repo import FIXED_FILE, checkout, megatron_lm_checkout, release, release_lines
 from maintain.upstreams import BRIDGE, MEGATRON_LM_PATCHES, load, upstream_of
 from mtp_mask_fix import cli
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import apply_diff, first_error_line, git
 from mtp_mask_fix.journal import write_atomic
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, PATCHES
+from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.targets import Target
 
 
@@ -45,7 +46,7 @@ def _mailbox(repo: Path, parent: str, tree: str, message: str, old: Patch, *, up
     made = git("commit-tree", tree, "-p", parent, "-F", "-", cwd=repo, env=_author(old), input=message).stdout.strip()
     stable = ["--zero-commit", "--no-signature", *[f"--base={parent}"] * upstream]
     text = git("format-patch", "-1", "--stdout", *stable, made, cwd=repo).stdout
-    moved = upstream and load(old.path, text).diff != old.diff
+    moved = upstream and str(load(old.path, text).files) != str(old.files)
     metadata = old.metadata | ({"Last-Update": datetime.date.today().isoformat()} if moved else {})
     head, sep, rest = text.partition("\n---\n")
     return f"{head}{sep}" + "".join(f"{key}: {value}\n" for key, value in metadata.items()) + f"\n{rest}"
@@ -105,12 +106,12 @@ def derive_for(line: str, main: Patch) -> str:
         if done.returncode != 0:
             raise ToolError(f"the carried patch does not fit this base: {first_error_line(done.stderr)}", Exit.DRIFTED)
         tree = git("write-tree", cwd=repo).stdout.strip()
-        return _mailbox(Path(repo), "HEAD", tree, f"{main.subject}\n\n{main.body}\n", main, upstream=False)
+        return _mailbox(Path(repo), "HEAD", tree, f"{main.headers['Subject']}\n\n{main.body}\n", main, upstream=False)
 
 
 def backports() -> str:
     """Rewrite every backport, saying which changed."""
-    main, said = Patch.load(), []
+    main, said = load(), []
     for line in backport_lines():
         text, dest = derive_for(line, main), path(line, main)
         same = dest.is_file() and dest.read_text() == text
@@ -185,7 +186,7 @@ def parser() -> cli.Parser:
     parser.add_argument(
         "--python", metavar="PY", default=sys.executable, help="an interpreter with the checkout's megatron-core"
     )
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=printed(run))
     return parser
 
 

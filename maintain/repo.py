@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
-from mtp_mask_fix.paths import PACKAGE
+from mtp_mask_fix.paths import GPT_STEP, PACKAGE, PATCHES, SRC
 from mtp_mask_fix.targets import Kind, Target, resolve
 
 
@@ -19,6 +19,8 @@ REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / ".work"  # downloads, environments and outputs (git-ignored)
 VIEW = REPO / "src"  # the generated view: the pinned release + the patch, importable as `megatron.bridge`
 LINES_TOML = Path(__file__).with_name("lines.toml")
+FIXED_FILE = f"{SRC}/{GPT_STEP}"  # the one upstream source file the patch changes, in an upstream checkout
+UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"  # upstream's test file the patch extends
 
 
 def release_lines() -> dict[str, dict]:
@@ -26,10 +28,14 @@ def release_lines() -> dict[str, dict]:
     return tomllib.loads(LINES_TOML.read_text())["releases"]
 
 
+def series() -> list[Path]:
+    """The patches patches/series lists, in order (quilt's format)."""
+    names = [line.split("#")[0].strip() for line in (PATCHES / "series").read_text().splitlines()]
+    return [PATCHES / name for name in names if name]
+
+
 def patch_file(version: str) -> str:
     """The patch that fixes a release, as `check` names it (patches/...)."""
-    from mtp_mask_fix.patch import series  # not at the top: ./run imports this module before .venv exists
-
     carried = Path("patches") / series()[0].name
     backport = release_lines()[version].get("backport")
     return str(carried.parent / backport / carried.name if backport else carried)

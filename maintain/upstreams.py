@@ -2,13 +2,19 @@
 
 import dataclasses
 import re
+import subprocess
 from pathlib import Path
 
-from maintain.repo import REPO
-from mtp_mask_fix.patch import Patch, series
-from mtp_mask_fix.paths import GPT_STEP_MODULE
+from unidiff.errors import UnidiffParseError
+
+from maintain.redgreen.contract import GPT_STEP_MODULE
+from maintain.repo import REPO, series
+from mtp_mask_fix.errors import ToolError
+from mtp_mask_fix.patch import Patch
+from mtp_mask_fix.paths import SRC, is_source
 
 
+DIFFSTAT = re.compile(r"^ (\d+) files? changed(?:, (\d+) insertions?\(\+\))?(?:, (\d+) deletions?\(-\))?$", re.M)
 MEGATRON_LM_PATCHES = REPO / "patches" / "megatron-lm"  # one mailbox per Megatron-LM branch, <branch>.patch
 
 
@@ -57,12 +63,62 @@ def upstream_of(patch: Patch) -> Upstream:
     return BRIDGE
 
 
+def base_commit(patch: Patch) -> str | None:
+    """The commit its mailbox names as its base (format-patch --base), None if it names none."""
+    base = re.search(r"^base-commit: ([0-9a-f]{40})$", patch.text, re.M)
+    return base and base.group(1)
+
+
+def test_files(patch: Patch) -> list[str]:
+    """The upstream test files the patch changes, as an upstream checkout names them."""
+    return [path for path in patch.paths(src=False) if path.startswith("tests/")]
+
+
 def load(path: Path | None = None, text: str | None = None) -> Patch:
-    """A patch of either upstream (the carried one by default); a Megatron-LM mailbox's megatron/ and examples/ read as
-    under src/, where gate puts it, so that Patch's split of source and tests holds for both (its `text` stays the file's)."""
+    """A patch of either upstream that maintain is given (the carried one by default), refused in one line where it
+    is damaged; a Megatron-LM mailbox's megatron/ and examples/ read as under src/, where gate puts it, so that Patch's
+    split of source and tests holds for both (its `text` stays the file's)."""
     path = Path(path or series()[0])
-    if MEGATRON_LM_PATCHES not in path.resolve().parents:
-        return Patch.load(path) if text is None else Patch.parse(path, text)
-    text = path.read_text() if text is None else text
-    moved = re.sub(r"(?m)^(diff --git a/|--- a/|\+\+\+ b/)(megatron|examples)/", r"\1src/\2/", text)
-    return dataclasses.replace(Patch.parse(path, re.sub(r" b/(megatron|examples)/", r" b/src/\1/", moved)), text=text)
+    if text is None:
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise ToolError(f"cannot read patch {path}: {exc.strerror}") from exc
+        if b"\r\n" in raw:
+            raise ToolError(f"patch {path} has CRLF line endings; restore it with `git checkout -- {path}`")
+        text = raw.decode("utf-8", errors="replace")
+    moved = text
+    if MEGATRON_LM_PATCHES in path.resolve().parents:
+        moved = re.sub(r"(?m)^(diff --git a/|--- a/|\+\+\+ b/)(megatron|examples)/", r"\1src/\2/", text)
+        moved = re.sub(r" b/(megatron|examples)/", r" b/src/\1/", moved)
+    try:
+        patch = dataclasses.replace(Patch.load(path, moved), text=text)
+    except subprocess.CalledProcessError as exc:
+        raise ToolError(f"patch {path} is corrupted: git mailinfo cannot read it") from exc
+    except ToolError as exc:  # the tool's own words tell an installed tool's user to reinstall it
+        if not isinstance(exc.__cause__, UnidiffParseError):
+            raise
+        raise ToolError(f"patch {path} is corrupted: {exc.__cause__}") from exc
+    _refuse_damaged(patch)
+    return patch
+
+
+def _refuse_damaged(patch: Patch) -> None:
+    """Refuse in one line a mailbox that is not a whole patch the tool can carry."""
+    files = patch.files
+    stat = DIFFSTAT.search(patch.text)  # a patch cut at a file boundary still parses: its own diffstat tells
+    said = stat and tuple(int(n or 0) for n in stat.groups())
+    found = (len(files), files.added, files.removed)
+    for failed, why in [
+        (not patch.headers.get("Subject"), "no Subject line"),
+        (not files, "it holds no file changes"),
+        (stat and said != found, f"its diffstat says {said} (files, +, -) but its diff holds {found}"),
+    ]:
+        if failed:
+            raise ToolError(f"patch {patch.path} is corrupted: {why}")
+    made = [f.path for f in [*files.added_files, *files.removed_files]]
+    if made or not any(is_source(f.path) for f in files):
+        why = f"it creates or deletes {made[0]}" if made else f"it changes nothing under {SRC}/"
+        raise ToolError(
+            f"patch {patch.path}: {why}; the tool carries changes to existing files, one at least under {SRC}/"
+        )

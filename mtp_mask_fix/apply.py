@@ -1,6 +1,6 @@
 """`apply` and `revert`: all or nothing; apply verifies by behaviour what it writes, no lock held for the probe."""
 
-from mtp_mask_fix.check import State, candidates, check, fixed_how, touched
+from mtp_mask_fix.check import State, candidates, check, touched
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.journal import WAIT, Lock, undo, write
 from mtp_mask_fix.signals import say
@@ -33,13 +33,15 @@ def apply(target: str | None, *, verify: bool, python: str, wait: float = WAIT) 
                 say(f"{tree.label}: {done}{shown}")
                 return Exit.OK
     if verdict.state is State.APPLIES:  # the bytes to write are not the ones verified: the tree changed meanwhile
-        raise ToolError(
-            f"{tree.label}: changed while the patch was verified; nothing changed: run it again", Exit.FAILED
-        )
+        said = f"{tree.label}: changed while the patch was verified; nothing changed: run it again"
+        raise ToolError(said, Exit.FAILED)
     unsure = verdict.state in (State.UNPROVEN, State.UNTOLD)  # the probe tells
+    how = {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}  # how it is fixed already
+    if not unsure and verdict.state not in how:
+        raise ToolError(str(verdict), verdict.state.code)
     if unsure and not prober:
         raise ToolError(f"{verdict}; `apply` without --no-verify runs the probe")
-    fixed = "check cannot tell, the probe shows it" if unsure else fixed_how(verdict)  # fixed_how refuses the rest
+    fixed = how.get(verdict.state, "check cannot tell, the probe shows it")
     if not (verified and all((tree.root / rel).read_bytes() == data for rel, data in verified.items())):
         said = f"{verdict}; " if unsure else f"{tree.label}: its source reads as fixed ({fixed}); "
         shown = proven(tree, prober, {}, f"{said}nothing changed; ")  # the tree as it is

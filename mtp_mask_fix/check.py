@@ -7,17 +7,12 @@ from enum import Enum
 from pathlib import Path
 
 from mtp_mask_fix import journal, trial
-from mtp_mask_fix.errors import Exit, ToolError
+from mtp_mask_fix.errors import Exit
 from mtp_mask_fix.git import first_error_line, stripped
-from mtp_mask_fix.journal import doing
 from mtp_mask_fix.patch import Patch, failed_hunk
 from mtp_mask_fix.paths import PATCHES
 from mtp_mask_fix.reading import Reading, read, unbound
 from mtp_mask_fix.targets import Kind, Target
-
-
-PROBE = "`mtp-mask-fix verify` decides"
-UNSURE = ("check cannot tell: {why}; " + PROBE, Exit.USAGE)  # whether the tree is fixed as it is: the probe's
 
 
 class State(Enum):
@@ -27,8 +22,8 @@ class State(Enum):
     LINKED = ("{detail} is a symlink: apply writes no link nor beyond one; name the tree that holds it", Exit.USAGE)
     APPLIES = ("the patch applies ({detail}); the bug is present: `apply` fixes it", Exit.OK)
     APPLIED = ("already applied ({detail}); nothing to do", Exit.ALREADY_APPLIED)
-    UNPROVEN = ("the patch is applied ({detail}), but " + UNSURE[0], Exit.USAGE)
-    UNTOLD = UNSURE
+    UNTOLD = ("check cannot tell: {why}; `mtp-mask-fix verify` decides", Exit.USAGE)
+    UNPROVEN = ("the patch is applied ({detail}), but " + UNTOLD[0], Exit.USAGE)
     LOCAL_CHANGES = ("uncommitted local changes in the patch's region ({detail}); commit or stash them", Exit.USAGE)
     INSTALLED_EDITS = ("local edits in the patch's region ({detail}) unlike its wheel's RECORD: undo them", Exit.USAGE)
     EQUIVALENT = ("fixed another way: gpt_step passes loss_mask to the model; nothing to apply", Exit.ALREADY_APPLIED)
@@ -54,18 +49,15 @@ class Verdict:
         return f"{self.target.label}: " + self.state.value[0].format(detail=self.detail, why=self.why)
 
 
-def candidates(explicit: Path | None = None) -> list[Patch]:
-    """The patches to judge a target by: `explicit` alone, or the carried patch and its backports."""
-    if explicit:
-        return [Patch.load(explicit)]
-    main = Patch.load()
+def candidates() -> list[Patch]:
+    """The patches to judge a target by: the carried patch (the one in patches/) and its backports."""
+    main = Patch.load(min(PATCHES.glob("*.patch")))
     return [main, *map(Patch.load, sorted(PATCHES.glob(f"*/{main.path.name}")))]
 
 
 def name(patch: Patch) -> str:
     """The patch file as README's table names it (patches/...), or as given."""
-    path = patch.path.resolve()
-    folder = PATCHES.resolve().parent
+    path, folder = patch.path.resolve(), PATCHES.resolve().parent
     return str(path.relative_to(folder) if path.is_relative_to(folder) else patch.path)
 
 
@@ -78,13 +70,12 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
     """The target's verdict: what a killed run left, else its verdict by the patch that fits, the closest first."""
     if (said := journal.left(target.root, touched(target, patches))) is not None:
         return Verdict(target, State.INTERRUPTED, said, patches[0])
-    with doing("reading", target.fixed_file):
+    with journal.doing("reading", target.fixed_file):
         lines = target.fixed_file.read_text(errors="replace").splitlines(keepends=True)
     reading = read("".join(lines), str(target.fixed_file.relative_to(target.root)))
     within = [Path(rel) for rel in touched(target, patches)]  # read through a link: what it holds may be fixed
     if linked := [part for rel in within for part in [rel, *rel.parents][:-1] if (target.root / part).is_symlink()]:
         return Verdict(target, State.EQUIVALENT if reading.fixed else State.LINKED, str(linked[0]), patches[0])
-    # Closest: the patch whose source hunk the file holds the longest run of lines of; on a tie, its release line's.
     run = lambda patch: max(_run(hunk, lines)[0].size for f in patch.files[:1] for hunk in f)
     closest = sorted(patches, key=lambda patch: (-run(patch), not _of_line(patch, target.release)))
     verdicts = (_check(target, patch, reading) for patch in closest)
@@ -95,29 +86,30 @@ def check(target: Target, patches: list[Patch]) -> Verdict:
 def _check(target: Target, patch: Patch, reading: Reading) -> Verdict:
     """The target's verdict by one patch, given the reading of its gpt_step.py, by git apply on a copy."""
     # Upstream's tests go with the source where the target has their files and their part fits; else it says so.
-    beside = target.kind is not Kind.INSTALLED and all((target.root / test).is_file() for test in patch.test_files())
-    source = patch.part(src=True)
-    tests = patch.part(src=False) if beside else ""
+    beside = target.kind != Kind.INSTALLED and all((target.root / rel).is_file() for rel in patch.paths(src=False))
     gpt_step = stripped(patch.paths(src=True)[0], target.strip)
-    reverted = trial.applied(target, source, reverse=True)[0]
+    reverted = trial.applied(target, patch, src=True, reverse=True)[0]
     if not reverted and reading.fixed:
         return Verdict(target, State.EQUIVALENT, patch=patch)
-    changed, error = (reverted, "") if reverted else trial.applied(target, source)
+    changed, error = (reverted, "") if reverted else trial.applied(target, patch, src=True)
     if not changed and reading.fixed is None:
         return Verdict(target, State.UNTOLD, patch=patch, why=reading.why)
-    with_tests, moved = trial.applied(target, tests, reverse=bool(reverted)) if changed else ({}, "")
-    if not changed:
-        found = _departs(target, patch, error)
-        if trial.edited(target, source, [gpt_step]):  # only local edits in the way
+    if not changed:  # `FILE:LINE `text`` where gpt_step departs from the hunk git failed on, next to the run it holds
+        hunks = [hunk for hunk in patch.files[0] if failed_hunk(error) in (None, hunk.source_start)]
+        lines = (target.root / gpt_step).read_text(errors="replace").splitlines(keepends=True)
+        (a, b, size), expected = _run(hunks[0], lines)
+        at = b + size if a + size < len(expected) else b - 1  # the first line off the run: after it, else before it
+        found = f"{gpt_step}:{at + 1} `{lines[at].strip()}`" if size and 0 <= at < len(lines) else ""
+        if trial.edited(target, patch.part(src=True), [gpt_step]):  # only local edits in the way
             state = State.LOCAL_CHANGES if target.kind is Kind.CHECKOUT else State.INSTALLED_EDITS
             return Verdict(target, state, found.split(" ")[0] or first_error_line(error), patch)
         said = f"{found} is not what its hunk has there" if found else f"git says {first_error_line(error)}"
         return Verdict(target, State.DRIFTED, f"{name(patch)} does not apply: {said}", patch)
+    with_tests, moved = trial.applied(target, patch, src=False, reverse=bool(reverted)) if beside else ({}, "")
     scope = "source and tests" if with_tests else "source hunks only"
     scope += f"; upstream's tests left out, their file has moved on ({first_error_line(moved)})" if moved else ""
     detail = f"{scope}, {name(patch)}"
     rewrite = changed | with_tests
-    # The text with the patch's lines, and what they read that the function they are in does not bind.
     text = ((target.root / gpt_step).read_bytes() if reverted else changed[gpt_step]).decode(errors="replace")
     added = {line.value for hunk in patch.files[0] for line in hunk if line.is_added}
     landed = unbound(text, {n + 1 for n, line in enumerate(text.splitlines(True)) if line in added}, gpt_step)
@@ -143,21 +135,3 @@ def _run(hunk, lines: list[str]) -> tuple[difflib.Match, list[str]]:
     sides = [[line.value for line in hunk if not line.is_added], [line.value for line in hunk if not line.is_removed]]
     found = [(difflib.SequenceMatcher(None, side, lines, autojunk=False).find_longest_match(), side) for side in sides]
     return max(found, key=lambda run: run[0].size)
-
-
-def _departs(target: Target, patch: Patch, error: str) -> str:
-    """`FILE:LINE `text`` where the file departs from the source hunk git failed on, next to the run it holds."""
-    failed = failed_hunk(error)
-    hunks = [h for f in patch.files[:1] for h in f if failed is None or h.source_start == failed]
-    rel = stripped(patch.files[0].path, target.strip)
-    lines = (target.root / rel).read_text(errors="replace").splitlines(keepends=True)
-    (a, b, size), expected = _run(hunks[0], lines)
-    at = b + size if a + size < len(expected) else b - 1  # the first line off the run: after it, else before it
-    return f"{rel}:{at + 1} `{lines[at].strip()}`" if size and 0 <= at < len(lines) else ""
-
-
-def fixed_how(verdict: Verdict) -> str:
-    """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
-    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
-        raise ToolError(str(verdict), verdict.state.code)
-    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")

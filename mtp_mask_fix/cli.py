@@ -8,35 +8,16 @@ import sys
 
 from mtp_mask_fix import __version__, check, journal
 from mtp_mask_fix.apply import apply, revert
-from mtp_mask_fix.errors import Exit, ToolError, exit_table
+from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.journal import WAIT, Lock
 from mtp_mask_fix.signals import SIGNALS, Interrupted, guard, say
 from mtp_mask_fix.targets import find, interpreter
-from mtp_mask_fix.verify import verify
+from mtp_mask_fix.verify import proven
 from mtp_mask_fix.watch import watch
-
-
-TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree) or megatron/bridge (site-packages)"
 
 
 class Parser(argparse.ArgumentParser):
     """An argparse parser whose complaints are one line and exit 2, like every refusal."""
-
-    commands = None  # the subcommands' action, once added
-
-    def add_subparsers(self, **kwargs):
-        self.commands = super().add_subparsers(**kwargs)
-        return self.commands
-
-    def parse_args(self, args=None, namespace=None):
-        # An unknown flag is named before a missing command, by the (sub)command whose --help lists the flags.
-        known, unknown = self.parse_known_args(args, namespace)
-        command = self.commands and getattr(known, self.commands.dest)
-        if unknown:
-            (self.commands.choices[command] if command else self).error(f"unrecognized arguments: {' '.join(unknown)}")
-        if self.commands and command is None:
-            self.error(f"the following arguments are required: {self.commands.dest}")
-        return known
 
     def error(self, message):
         raise ToolError(f"{message} (see {self.prog} --help)")
@@ -49,7 +30,7 @@ def report(target: str | None, *, python: str, status: bool = False) -> int:
     with Lock(tree.root, tree.label).held():  # a running write finishes first
         verdict = check.check(tree, patches)
     block = "".join(f"  {key}: {value}\n" for key, value in patches[0].metadata.items())
-    say(f"{patches[0].path.name}: {patches[0].subject}\n{block}  on {verdict}" if status else str(verdict))
+    say(f"{patches[0].path.name}: {patches[0].headers['Subject']}\n{block}  on {verdict}" if status else str(verdict))
     return verdict.state.code
 
 
@@ -60,10 +41,8 @@ def verify_command(target: str | None, *, python: str) -> int:
     with Lock(tree.root, tree.label).held():  # what a killed run left is read alone; the probe runs unlocked
         if left := journal.left(tree.root, check.touched(tree, check.candidates())):
             raise ToolError(f"{tree.label}: an interrupted run left {left}", Exit.FAILED)
-    delivered, reason = verify(tree, python)
-    if not delivered:
-        raise ToolError(f"{tree.label}: not verified with {python}: {reason}", Exit.FAILED)
-    say(f"{tree.label}: verified with {python}: {reason}")
+    shown = proven(tree, python, {}, f"{tree.label}: ")  # `; verified with PY: why`, or refused
+    say(f"{tree.label}: {shown.removeprefix('; ')}")
     return Exit.OK
 
 
@@ -73,6 +52,7 @@ def seconds(text: str) -> float:
     return float(text)
 
 
+TARGET = "the folder holding src/megatron/bridge (a git checkout, a source tree) or megatron/bridge (site-packages)"
 TRAINS = "the interpreter that trains (it imports this Megatron-Bridge), for the behaviour probe"
 READS = "the interpreter that trains: with no TARGET, its Megatron-Bridge is read (its files, never run)"
 COMMANDS = {  # each command's help, and what its --python is for
@@ -97,17 +77,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    codes = [f"  {'128+n' if code is Exit.INTERRUPTED else int(code):>5}  {code.meaning}" for code in Exit]
     parser = Parser(
         prog="mtp-mask-fix",
         description=__doc__.split("\n\n")[0],
-        epilog=exit_table(markdown=False),
+        epilog="\n".join(["exit codes:", *codes]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.set_defaults(func=run)  # for every command: none sets its own
-    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+    parser.commands = parser.add_subparsers(dest="command", parser_class=Parser, required=True)  # maintain reads it
     for name, (help, python) in COMMANDS.items():
-        p = sub.add_parser(name, help=help, description=help)
+        p = parser.commands.add_parser(name, help=help, description=help)
         p.add_argument("target", metavar="TARGET", nargs="?", help=f"{TARGET}; default: what --python imports")
         p.add_argument("--python", metavar="PY", default=sys.executable, help=python)
         if name == "apply":
@@ -116,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
             wait = f"for another's write (default {WAIT:.0f})"
             p.add_argument("--wait", metavar="SECONDS", type=seconds, default=WAIT, help=wait)
     said = "run CMD as it is: does megatron-core's MTP loss train on what it assumes?"
-    p = sub.add_parser("watch", help=said, description=said)
+    p = parser.commands.add_parser("watch", help=said, description=said)
     p.add_argument("--strict", action="store_true", help="stop at the first call against it, naming its caller")
     p.add_argument("--steps", metavar="N", type=int, help="count each process's first N MTP loss calls only")
     p.add_argument("cmd", metavar="CMD", nargs="*", help="after --: the job, e.g. torchrun ... pretrain.py ...")
@@ -127,26 +108,17 @@ def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None =
     """Run a command line (maintain/'s too), with one line on stderr and its exit code for any refusal."""
     with guard():  # SIGINT, SIGTERM, SIGHUP: one line and 128+n (apply and revert roll back first)
         try:
-            args = (parser or build_parser()).parse_args(sys.argv[1:] if argv is None else argv)
-            code = args.func(args)  # it prints its outcome, or hands its text back (maintain's) to print here
-            if isinstance(code, tuple):
-                say(code[0])
-                code = code[1]
+            args = (parser or build_parser()).parse_args(argv)  # None: sys.argv[1:]
+            sys.exit(int(args.func(args)))  # each command prints its outcome
         except ToolError as exc:
-            code = _refused(str(exc), exc.code)
+            text, code = str(exc), exc.code
         except subprocess.CalledProcessError as exc:  # a git step the tool did not expect to fail
             reason = (exc.stderr or "").strip().splitlines() or [f"exit {exc.returncode}"]  # git() decodes its output
-            code = _refused(f"{' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", Exit.FAILED)
+            text, code = f"{' '.join(map(str, exc.cmd[:2]))} failed: {reason[-1]}", Exit.FAILED
         except OSError as exc:  # apply and revert say what they left themselves: here, nothing was changed
-            code = _refused(f"{exc}; nothing changed", Exit.FAILED)
+            text, code = f"{exc}; nothing changed", Exit.FAILED
         except Interrupted as exc:  # apply and revert say what they left; a reading command changes nothing
-            code = _refused(f"{exc}: nothing changed", exc.code)
-        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the outcome stands: a signal from here on is not delivered
+            text, code = f"{exc}: nothing changed", exc.code
+        signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # a refusal's line is printed whole
+        print(f"mtp-mask-fix: error: {text}", file=sys.stderr)
     sys.exit(int(code))
-
-
-def _refused(text: str, code: int) -> int:
-    """Print a refusal's line on stderr, once no signal can cut it short; its exit code."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    print(f"mtp-mask-fix: error: {text}", file=sys.stderr)
-    return code

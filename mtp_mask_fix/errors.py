@@ -22,13 +22,6 @@ class Exit(IntEnum):
     INTERRUPTED = 128, "128 + n: signal n to the tool or `watch`'s command (130 SIGINT, 143 SIGTERM, 137 SIGKILL)"
 
 
-def exit_table(markdown: bool = True) -> str:
-    """README's exit-code table (markdown), or the list `--help` ends with."""
-    head, row = ("| exit | meaning |\n| --- | --- |", "| {} | {} |") if markdown else ("exit codes:", "  {:>5}  {}")
-    rows = [row.format("128+n" if code is Exit.INTERRUPTED else int(code), code.meaning) for code in Exit]
-    return "\n".join([head, *rows])
-
-
 class ToolError(Exception):
     """A refusal with a one-line reason and an exit code; raised before any file is changed, or saying what was."""
 

@@ -12,8 +12,8 @@ def git(*args: str, cwd: Path | str | None = None, check: bool = True, env: dict
     """Run the git CLI, refusing in one line where there is no git."""
     if shutil.which("git") is None:
         raise ToolError("git is not on PATH; install git (it is what applies and checks the patch)")
-    full_env = dict(os.environ, **(env or {}))
-    return subprocess.run(["git", *args], cwd=cwd, check=check, capture_output=True, text=True, env=full_env, **kw)
+    env = dict(os.environ, **(env or {}))
+    return subprocess.run(["git", *args], cwd=cwd, check=check, capture_output=True, text=True, env=env, **kw)
 
 
 def apply_diff(

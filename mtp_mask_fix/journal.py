@@ -6,7 +6,6 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -19,9 +18,7 @@ from mtp_mask_fix.targets import Target
 
 
 JOURNAL = ".mtp-mask-fix-journal.json"  # in TARGET until a write is verified: each file as it was, what replaces it
-TEMP = ".mtp-mask-fix.tmp"  # `.NAME` + TEMP beside each file while its new bytes are written
 WAIT = 300.0  # seconds a command waits for another's write to TARGET: several ranks start at once
-SCRATCH = "mtp-mask-fix-scratch-"  # a run's temporary folders in $TMPDIR (`watch` names its own otherwise)
 
 
 @contextlib.contextmanager
@@ -34,8 +31,8 @@ def doing(what: str, path):
 
 
 def temp(path: Path) -> Path:
-    """Where a file's new bytes are written before the rename."""
-    return path.with_name(f".{path.name}{TEMP}")
+    """Where a file's new bytes are written before the rename: `.NAME.mtp-mask-fix.tmp` beside it."""
+    return path.with_name(f".{path.name}.mtp-mask-fix.tmp")
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -52,29 +49,11 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 @contextlib.contextmanager
 def scratch():
-    """A temporary folder in $TMPDIR, locked while its run lives: a later run removes it if this one is killed."""
-    for stale in Path(tempfile.gettempdir()).glob(f"{SCRATCH}*"):
-        with contextlib.suppress(OSError):
-            fd = os.open(stale, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a live run holds its own: BlockingIOError
-                shutil.rmtree(stale)
-            finally:
-                os.close(fd)
-    while True:  # made, then locked: a sweep in between removes it, and it is made again
-        with doing("making a temporary folder in", tempfile.gettempdir()):
-            path = Path(tempfile.mkdtemp(prefix=SCRATCH))
-        with contextlib.suppress(FileNotFoundError):
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if path.is_dir() and path.stat().st_ino == os.fstat(fd).st_ino:
-                break
-            os.close(fd)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        os.close(fd)
+    """A temporary folder in $TMPDIR, removed as the run ends (a killed run's stays)."""
+    with doing("making a temporary folder in", tempfile.gettempdir()):
+        folder = tempfile.TemporaryDirectory(prefix="mtp-mask-fix-run-", ignore_cleanup_errors=True)
+    with folder as path:
+        yield Path(path)
 
 
 @dataclass
@@ -154,9 +133,8 @@ def write(target: Target, after: dict[str, bytes], done: str) -> None:
             raise ToolError(f"{target.label}: {exc}; putting the files back failed: {failed}", Exit.FAILED) from None
         finished = not written and all((root / rel).read_bytes() == data for rel, data in after.items())
         left = "rolled back: the files are as before" if written else f"it had finished: {done}" if finished else ""
-        raise ToolError(
-            f"{target.label}: {exc}; {left or 'nothing changed'}", getattr(exc, "code", Exit.FAILED)
-        ) from None
+        code = getattr(exc, "code", Exit.FAILED)  # a signal's 128+n, a refusal's own
+        raise ToolError(f"{target.label}: {exc}; {left or 'nothing changed'}", code) from None
 
 
 def undo(target: Target, files: list[str]) -> bool:

@@ -10,16 +10,7 @@ from unidiff.errors import UnidiffParseError
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import git
 from mtp_mask_fix.journal import scratch
-from mtp_mask_fix.paths import PATCHES, SRC, is_source
-
-
-DIFFSTAT = re.compile(r"^ (\d+) files? changed(?:, (\d+) insertions?\(\+\))?(?:, (\d+) deletions?\(-\))?$", re.M)
-
-
-def series() -> list[Path]:
-    """The patches patches/series lists, in order (quilt's format)."""
-    names = [line.split("#")[0].strip() for line in (PATCHES / "series").read_text().splitlines()]
-    return [PATCHES / name for name in names if name]
+from mtp_mask_fix.paths import is_source
 
 
 @dataclass(frozen=True)
@@ -31,83 +22,34 @@ class Patch:
     headers: dict[str, str]  # git mailinfo's Author, Email, Subject, Date
     body: str
     metadata: dict[str, str]
-    diff: str
-    base_commit: str | None
     files: PatchSet = field(repr=False, compare=False)
 
-    @property
-    def subject(self) -> str:
-        return self.headers["Subject"]
-
     @classmethod
-    def load(cls, path: Path | None = None) -> "Patch":
-        path = Path(path or series()[0])
-        try:
-            raw = path.read_bytes()
-        except OSError as exc:
-            raise ToolError(f"cannot read patch {path}: {exc.strerror}") from exc
-        if b"\r\n" in raw:
-            raise ToolError(f"patch {path} has CRLF line endings; restore it with `git checkout -- {path}`")
-        return cls.parse(path, raw.decode("utf-8", errors="replace"))
-
-    @classmethod
-    def parse(cls, path: Path, text: str) -> "Patch":
-        """Read a mailbox's text, refusing it where it is damaged."""
+    def load(cls, path: Path, text: str | None = None) -> "Patch":
+        """Read a mailbox (`text`, else its file's) as format-patch writes it; maintain's load refuses one damaged."""
+        text = path.read_bytes().decode(errors="replace") if text is None else text
         with scratch() as tmp:
             msg, rest = tmp / "msg", tmp / "rest"
-            info = git("mailinfo", str(msg), str(rest), input=text, check=False)
+            info = git("mailinfo", str(msg), str(rest), input=text)
             headers = dict(line.split(": ", 1) for line in info.stdout.splitlines() if ": " in line)
-            body = msg.read_text().strip() if info.returncode == 0 else ""
-            after = rest.read_text() if info.returncode == 0 else ""
+            body, after = msg.read_text().strip(), rest.read_text()
         start = after.find("diff --git ")
         ends = [end for end in (after.find(mark, start) for mark in ("\n-- \n", "\n\nbase-commit: ")) if end >= 0]
         diff = after[start : min(ends, default=len(after)) + 1] if start >= 0 else ""
-        try:
-            files = PatchSet(diff)
-        except UnidiffParseError as exc:
-            raise ToolError(f"patch {path} is corrupted: {exc}") from exc
-        stat = DIFFSTAT.search(after)  # a patch cut at a file boundary still parses: its own diffstat tells
-        said = stat and tuple(int(n or 0) for n in stat.groups())
-        found = (len(files), files.added, files.removed)
-        for failed, why in [
-            (info.returncode != 0, "git mailinfo cannot read it"),
-            (not headers.get("Subject"), "no Subject line"),
-            (not files, "it holds no file changes"),
-            (stat and said != found, f"its diffstat says {said} (files, +, -) but its diff holds {found}"),
-        ]:
-            if failed:
-                raise ToolError(f"patch {path} is corrupted: {why}")
-        made = [f.path for f in [*files.added_files, *files.removed_files]]
-        if made or not any(is_source(f.path) for f in files):
-            why = f"it creates or deletes {made[0]}" if made else f"it changes nothing under {SRC}/"
-            raise ToolError(
-                f"patch {path}: {why}; the tool carries changes to existing files, one at least under {SRC}/"
-            )
         block = after.removeprefix("---\n").split("\n\n", 1)[0]
         metadata = dict(line.split(": ", 1) for line in block.splitlines() if re.match(r"^[A-Z][\w-]+: ", line))
-        base = re.search(r"^base-commit: ([0-9a-f]{40})$", after, re.M)
-        return cls(path, text, headers, body, metadata, diff, base and base.group(1), files)
+        try:
+            return cls(path, text, headers, body, metadata, PatchSet(diff))
+        except UnidiffParseError as exc:  # a mailbox cut short: the package's copy is damaged
+            raise ToolError(f"{path}: its diff is cut short ({exc}); reinstall mtp-mask-fix") from exc
 
-    def part(self, *, src: bool | None = None, leave_out: tuple[str, int] | None = None) -> str:
-        """The diff of the sources (`src` True), the rest (False) or all (None), less the hunk `leave_out` names."""
-        out = []
-        for patched in (f for f in self.files if src is None or is_source(f.path) == src):
-            kept = [str(h) for i, h in enumerate(patched) if (patched.path, i) != leave_out]
-            if kept:
-                out.append(str(patched).split("\n@@", 1)[0] + "\n" + "".join(kept))
-        return "".join(text if text.endswith("\n") else text + "\n" for text in out)
+    def part(self, *, src: bool | None = None) -> str:
+        """The diff of the sources (`src` True), the rest (False) or all (None)."""
+        return "".join(str(f) for f in self.files if src is None or is_source(f.path) == src)
 
     def paths(self, *, src: bool | None = None) -> list[str]:
         """The paths of the files the patch changes (`src` as in part), as an upstream checkout names them."""
         return [f.path for f in self.files if src is None or is_source(f.path) == src]
-
-    def test_files(self) -> list[str]:
-        return [path for path in self.paths(src=False) if path.startswith("tests/")]
-
-
-def changed(diff: str) -> list[str]:
-    """The paths of the files a diff's text changes, as its `+++ b/` lines name them."""
-    return [f.path for f in PatchSet(diff)]
 
 
 def failed_hunk(error: str) -> int | None:

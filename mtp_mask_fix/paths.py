@@ -1,4 +1,4 @@
-"""Every path and name of Megatron-Bridge and of the patch that the tool and its tests share, stated once."""
+"""Every path and name of Megatron-Bridge and of the patch that the tool reads, stated once."""
 
 import importlib.resources
 import os
@@ -14,9 +14,6 @@ SRC = "src"  # the folder of an upstream checkout that holds its packages: the p
 STRIP = 1  # git apply's -p for a tree holding src/ (a diff's a/ and b/); one more for a package, which has no src/
 PACKAGE = "megatron/bridge"
 GPT_STEP = f"{PACKAGE}/training/gpt_step.py"  # the one upstream source file the patch changes, in a package tree
-GPT_STEP_MODULE = "megatron.bridge.training.gpt_step"
-FIXED_FILE = f"{SRC}/{GPT_STEP}"  # the same file in an upstream checkout
-UPSTREAM_TEST = "tests/unit_tests/training/test_gpt_step.py"  # upstream's test file the patch extends
 
 
 def is_gpt_step_of(file: str | Path, tree: str | Path) -> bool:

@@ -13,40 +13,30 @@ from types import SimpleNamespace
 LOSS_MASK = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]  # asymmetric: no other tensor of the batch equals it
 
 
-def _batch(torch):
-    """One micro-batch as Bridge's datasets yield it, kept on the CPU by `.cuda()`."""
+def probe() -> dict:
+    """The gpt_step.py that ran, whether the model received the batch's loss_mask, and why."""
+    from unittest.mock import MagicMock  # timers and the straggler timer: called, started, entered, they do nothing
 
-    class Resident(torch.Tensor):
+    import torch
+    from megatron.core import parallel_state
+
+    import megatron.bridge.training.gpt_step as gpt_step
+
+    class Resident(torch.Tensor):  # one micro-batch as Bridge's datasets yield it, kept on the CPU by `.cuda()`
         def cuda(self, *args, **kwargs):
             return self
 
     tensors = dict(tokens=[[5, 6, 7, 8], [9, 10, 11, 0]], labels=[[6, 7, 8, 0], [10, 11, 0, 0]], loss_mask=LOSS_MASK)
     tensors["position_ids"] = [[0, 1, 2, 3], [0, 1, 2, 3]]
     batch = {key: torch.tensor(value).as_subclass(Resident) for key, value in tensors.items()}
-    return batch | {"attention_mask": None}
-
-
-def global_state():
-    """The parts of Bridge's GlobalState that forward_step reads, with no packing and timers that do nothing."""
-    from unittest.mock import MagicMock  # timers and the straggler timer: called, started, entered, they do nothing
-
-    dataset = SimpleNamespace(
+    seen = {}
+    dataset = SimpleNamespace(  # what forward_step reads of Bridge's GlobalState: no packing, timers that do nothing
         enable_offline_packing=False, offline_packing_specs=None, skip_getting_attention_mask_from_dataset=True
     )
     rerun = SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False)
-    model = SimpleNamespace(pipeline_model_parallel_layout=None, virtual_pipeline_model_parallel_size=None)
-    cfg = SimpleNamespace(dataset=dataset, model=model, rerun_state_machine=rerun)
-    return SimpleNamespace(cfg=cfg, timers=MagicMock(), straggler_timer=MagicMock())
-
-
-def probe() -> dict:
-    """The gpt_step.py that ran, whether the model received the batch's loss_mask, and why."""
-    import torch
-    from megatron.core import parallel_state
-
-    import megatron.bridge.training.gpt_step as gpt_step
-
-    seen = {}
+    parallel = SimpleNamespace(pipeline_model_parallel_layout=None, virtual_pipeline_model_parallel_size=None)
+    cfg = SimpleNamespace(dataset=dataset, model=parallel, rerun_state_machine=rerun)
+    state = SimpleNamespace(cfg=cfg, timers=MagicMock(), straggler_timer=MagicMock())
 
     def model(**kwargs):
         seen.update(kwargs)
@@ -62,10 +52,9 @@ def probe() -> dict:
     config = SimpleNamespace(
         mtp_num_layers=1, is_hybrid_model=False, seq_length=4, overlap_moe_expert_parallel_comm=False
     )
-    # What a model built by Bridge carries: its config and its process groups.
-    gpt_step.get_model_config = lambda model: config
+    gpt_step.get_model_config = lambda model: config  # what a model built by Bridge carries, and its groups
     gpt_step.get_pg_collection = lambda model: SimpleNamespace(pp=world, cp=world, tp=world)
-    gpt_step.forward_step(global_state(), iter([_batch(torch)]), model)
+    gpt_step.forward_step(state, iter([batch | {"attention_mask": None}]), model)
     given, mask = seen.get("loss_mask"), torch.tensor(LOSS_MASK)
     delivered = isinstance(given, torch.Tensor) and torch.equal(given, mask)
     if delivered:

@@ -6,8 +6,6 @@ from dataclasses import dataclass
 
 
 MASK = "loss_mask"
-COPIES = {"clone", "detach", "contiguous"}  # what hands the model the same mask in another tensor
-KEYED = {"get", "pop", "setdefault"}  # dict methods whose first argument is the one key they touch
 # An MTP call: one whose model's config (`config`, as every release names it) has MTP layers, as releases test it.
 MTP_ON = ast.dump(ast.parse('(getattr(config, "mtp_num_layers", None) or 0) > 0', mode="eval").body)
 
@@ -67,8 +65,6 @@ def _given(module: ast.Module, func: ast.FunctionDef, call: ast.Call) -> tuple[b
     for node in sorted(uses, key=lambda node: (node.lineno, node.col_offset)):
         up, top = parents[node], parents.get(parents[node])
         key = getattr(up.slice, "value", None) if isinstance(up, ast.Subscript) else None
-        if getattr(up, "attr", "") in KEYED and isinstance(top, ast.Call) and top.args:
-            key = getattr(top.args[0], "value", None)  # `.get("padding_mask")`
         if node.lineno > call.lineno or isinstance(up, ast.Compare) or isinstance(up, ast.keyword) and top is call:
             continue  # after the call, a test, the call's own unpacking
         if isinstance(key, str) and key != MASK:
@@ -87,8 +83,7 @@ def _given(module: ast.Module, func: ast.FunctionDef, call: ast.Call) -> tuple[b
     if word is None:
         return False, "gets no loss_mask", call
     stmt, value = word
-    copied = isinstance(value, ast.Call) and not value.args and getattr(value.func, "attr", "") in COPIES
-    if getattr(value.func.value if copied else value, "id", "") != MASK:
+    if getattr(value, "id", "") != MASK:
         return None, "may hand the model something other than the batch's loss_mask", value
     if free := _free(module, func, value):
         return None, f"names {free}", stmt
@@ -105,22 +100,15 @@ def _skips(stmt: ast.stmt, call: ast.Call, parents: dict, func: ast.FunctionDef)
         path.append(parents[path[-1]])
     node = stmt
     while (up := parents[node]) not in path:
-        if not (isinstance(up, ast.If) and node in up.body and _mtp(up, func)):
+        test = getattr(up, "test", None)  # an `if` holds on every MTP call that tests MTP_ON, or a name bound to it
+        if isinstance(test, ast.Name):  # each name bound once, by a statement of the function's own before the `if`
+            put = [n for n in ast.walk(func) if getattr(n, "id", "") == test.id and isinstance(n.ctx, ast.Store)]
+            test = next((s.value for s in func.body if getattr(s, "targets", 0) == put and s.lineno < up.lineno), test)
+        if not (isinstance(up, ast.If) and node in up.body and ast.dump(test) == MTP_ON):
             return up
         node = up
     below = path[path.index(up) - 1]  # what holds the call in `up`: in the same block as `node`, after it
     return None if any(isinstance(v, list) and node in v and below in v for _, v in ast.iter_fields(up)) else up
-
-
-def _mtp(guard: ast.If, func: ast.FunctionDef) -> bool:
-    """Whether an `if` holds on every MTP call: it tests MTP_ON, or a name that one statement before binds to it."""
-    test = guard.test
-    if isinstance(test, ast.Name):  # each name bound once, by a statement of the function's own before the `if`
-        made = [
-            n for n in ast.walk(func) if isinstance(n, ast.Name) and n.id == test.id and isinstance(n.ctx, ast.Store)
-        ]
-        test = next((s.value for s in func.body if getattr(s, "targets", 0) == made and s.lineno < guard.lineno), test)
-    return ast.dump(test) == MTP_ON
 
 
 def _free(module: ast.Module, func: ast.FunctionDef, node: ast.AST) -> str:

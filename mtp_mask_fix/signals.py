@@ -11,17 +11,12 @@ from mtp_mask_fix.errors import Exit
 SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
-def exit_code(signum: int) -> int:
-    """The exit code of a command that signal `signum` ends (`watch`'s, when it ends its command): 128+n."""
-    return Exit.INTERRUPTED + signum
-
-
 class Interrupted(BaseException):
     """A signal arrived; a BaseException, so that no `except Exception` on the way swallows it."""
 
     def __init__(self, signum: int):
         self.name = signal.Signals(signum).name
-        self.code = exit_code(signum)
+        self.code = Exit.INTERRUPTED + signum
         super().__init__(f"interrupted by {self.name}")
 
 

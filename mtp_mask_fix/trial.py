@@ -6,23 +6,22 @@ import hashlib
 
 from mtp_mask_fix.git import apply_diff, git, stripped
 from mtp_mask_fix.journal import doing, scratch
-from mtp_mask_fix.patch import changed
+from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Kind, Target
 
 
-def applied(target: Target, diff: str, *, reverse=False) -> tuple[dict[str, bytes], str]:
-    """The files `diff` changes, with their bytes once `git apply` (-R) of it on a copy; else {} and git's error."""
-    if not diff:
+def applied(target: Target, patch: Patch, *, src: bool, reverse=False) -> tuple[dict[str, bytes], str]:
+    """Each file the patch's part (`src`) changes, its bytes once `git apply` (-R) on a copy; else {}, git's error."""
+    if not (diff := patch.part(src=src)):
         return {}, ""
-    files = [stripped(path, target.strip) for path in changed(diff)]
+    files = [stripped(path, target.strip) for path in patch.paths(src=src)]
     with scratch() as tmp:
         for rel in files:
             with doing(f"copying {target.root / rel} into", tmp):
                 (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
                 (tmp / rel).write_bytes((target.root / rel).read_bytes())
-        if error := apply_diff(diff, tmp, strip=target.strip, reverse=reverse):
-            return {}, error
-        return {rel: (tmp / rel).read_bytes() for rel in files}, ""
+        error = apply_diff(diff, tmp, strip=target.strip, reverse=reverse)
+        return ({}, error) if error else ({rel: (tmp / rel).read_bytes() for rel in files}, "")
 
 
 def edited(target: Target, diff: str, files: list[str]) -> bool:

@@ -1,14 +1,12 @@
 """`verify`: whether a target hands a model with MTP on the batch's loss_mask, by its behaviour (probe.py)."""
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
 import re
 import signal
 import subprocess
-from functools import partial
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
@@ -17,10 +15,12 @@ from mtp_mask_fix.paths import PROBE, is_gpt_step_of
 from mtp_mask_fix.targets import Target
 
 
-def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -> tuple[bool, str]:
-    """Whether the mask reaches the model under `python`, and why: in the target, or in links to it with `after`."""
+def proven(target: Target, python: str | None, after: dict[str, bytes], failed: str) -> str:
+    """`; verified with PY: why` of the target (or links to it, with `after`), "" without `python`; else exit 5."""
+    if not python:
+        return ""
     with scratch() if after else contextlib.nullcontext(target.import_root) as root:
-        for rel, data in (after or {}).items():  # upstream's tests, outside the import root, are never imported
+        for rel, data in after.items():  # upstream's tests, outside the import root, are never imported
             if (path := target.root / rel).is_relative_to(target.import_root):
                 (root / path.relative_to(target.import_root)).parent.mkdir(parents=True, exist_ok=True)
                 (root / path.relative_to(target.import_root)).write_bytes(data)
@@ -28,14 +28,7 @@ def verify(target: Target, python: str, after: dict[str, bytes] | None = None) -
             for entry in (target.import_root / folder).iterdir():  # links to the rest on the new files' way
                 if entry.name != "__pycache__" and not os.path.lexists(root / folder / entry.name):
                     (root / folder / entry.name).symlink_to(entry)
-        return _probe(root, target.label, python)
-
-
-def proven(target: Target, python: str | None, after: dict[str, bytes], failed: str) -> str:
-    """`; verified with PY: why`, "" without `python`; refused (exit 5), after `failed`, where the mask is not seen."""
-    if not python:
-        return ""
-    delivered, reason = verify(target, python, after)
+        delivered, reason = _probe(root, target.label, python)
     if not delivered:
         raise ToolError(f"{failed}not verified with {python}: {reason}", Exit.FAILED)
     return f"; verified with {python}: {reason}"
@@ -44,12 +37,11 @@ def proven(target: Target, python: str | None, after: dict[str, bytes], failed: 
 def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
     """What the probe says of the Megatron-Bridge in `root` under `python`."""
     # probe.py's source on stdin: nothing of the tool need be installed there, and no module of its folder shadows
-    # the target's (what is not Python says so of `-`, not of the source). The probe ends with this process.
+    # the target's (what is not Python says so of `-`, not of the source). A signal to the tool ends it (run kills it).
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    ends = partial(_ends_with, os.getpid())
     try:
         result = subprocess.run(
-            [python, "-"], input=PROBE.read_text(), capture_output=True, text=True, env=env, cwd=root, preexec_fn=ends
+            [python, "-"], input=PROBE.read_text(), capture_output=True, text=True, env=env, cwd=root
         )
     except OSError as exc:  # no system runs it (ENOEXEC): the user's input; anything else is the OS's
         raise (ToolError if exc.errno == errno.ENOEXEC else OSError)(f"running {python}: {exc.strerror}") from None
@@ -69,12 +61,3 @@ def _probe(root: Path, label: str, python: str) -> tuple[bool, str]:
     if "Traceback (most recent call last)" in result.stderr:  # Python ran it: the target's code failed there
         return False, f"the probe of {label}'s forward_step failed ({said[-1]})"
     raise ToolError(f"--python {python} is not a Python: it did not run the probe (it said: {said[0][:40]})")
-
-
-def _ends_with(parent: int) -> None:
-    """Have the probe killed when the tool dies, kill -9 included (Linux's parent-death signal), or end it now."""
-    # Elsewhere a Ctrl-C still reaches its process group.
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:
-        os._exit(1)

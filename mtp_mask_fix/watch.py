@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.signals import SIGNALS, Interrupted, exit_code, say
+from mtp_mask_fix.signals import SIGNALS, Interrupted, say
 from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS, UNJUDGED
 
 
@@ -101,7 +101,7 @@ def verdict(
 
 def _code(code: int) -> int:
     """watch's exit code for its command's: 128+n for signal n, 8 for any other failure (its own codes mean others)."""
-    return exit_code(-code) if code < 0 else Exit.JOB_FAILED if code else Exit.OK
+    return Exit.INTERRUPTED - code if code < 0 else Exit.JOB_FAILED if code else Exit.OK
 
 
 def _judged_kinds(c: dict) -> tuple:

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from maintain.repo import REPO
-from maintain.upstreams import MEGATRON_LM_PATCHES, load
+from maintain.repo import FIXED_FILE, REPO, UPSTREAM_TEST
+from maintain.upstreams import MEGATRON_LM_PATCHES, base_commit, load
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, UPSTREAM_TEST
 
 
 TEXTS = {path.name: path.read_text() for path in sorted((REPO / "upstream").glob("*.md"))}
@@ -50,12 +49,7 @@ def _quotes(text: str) -> list[str]:
 def _added(path: str) -> str:
     """The lines the patch adds to `path`, without the blank lines at their end."""
     lines = [
-        line.value
-        for file in Patch.load().files
-        if file.path == path
-        for hunk in file
-        for line in hunk
-        if line.is_added
+        line.value for file in load().files if file.path == path for hunk in file for line in hunk if line.is_added
     ]
     return "".join(lines).rstrip("\n") + "\n"
 
@@ -68,7 +62,7 @@ def test_every_link_names_a_commit_that_never_moves():
     repos = {link["repo"] for link in LINKS}
     urls = re.findall(rf"https://github\.com/(?:{BRIDGE}|{MEGATRON_LM})/(?:blob|tree)/\S+", "".join(TEXTS.values()))
     assert repos == {BRIDGE, MEGATRON_LM} and len(urls) == len(LINKS)  # every such URL is a link LINK reads
-    base = Patch.load().base_commit
+    base = base_commit(load())
     assert {link["rev"] for link in LINKS if link["repo"] == BRIDGE} == {base}
     assert all(re.fullmatch(r"[0-9a-f]{40}", link["rev"]) for link in LINKS if link["repo"] == MEGATRON_LM)
 
@@ -76,7 +70,7 @@ def test_every_link_names_a_commit_that_never_moves():
 def test_megatron_lm_texts_link_megatron_lm_at_the_commits_its_patches_are_made_on():
     links = [link for name in FOR_MEGATRON_LM for link in LINKS_FOR[name]]
     assert {link["repo"] for link in links} == {MEGATRON_LM}
-    assert {link["rev"] for link in links} <= {patch.base_commit for patch in CORE_PATCHES}
+    assert {link["rev"] for link in links} <= {base_commit(patch) for patch in CORE_PATCHES}
 
 
 def _warning(patch: Patch) -> str:
@@ -136,7 +130,7 @@ def _git(where: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_megatron_lm_links_for_bridge_name_the_commit_upstream_pins(upstream_checkout):
-    pin = _git(upstream_checkout, "rev-parse", f"{Patch.load().base_commit}:{SUBMODULE}").stdout.strip()
+    pin = _git(upstream_checkout, "rev-parse", f"{base_commit(load())}:{SUBMODULE}").stdout.strip()
     links = [link for name in set(TEXTS) - FOR_MEGATRON_LM for link in LINKS_FOR[name]]
     assert {link["rev"] for link in links if link["repo"] == MEGATRON_LM} == {pin}
 

@@ -26,10 +26,10 @@ import pytest
 from maintain.gate import checkout_row
 from maintain.redgreen.client import Job, run_many
 from maintain.redgreen.contract import Outcome
-from maintain.repo import VIEW, WORK, checkout
+from maintain.repo import FIXED_FILE, UPSTREAM_TEST, VIEW, WORK, checkout
 from maintain.trees import materialise
-from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE, GPT_STEP, UPSTREAM_TEST
+from maintain.upstreams import base_commit, load
+from mtp_mask_fix.paths import GPT_STEP
 from tests.support import sessions
 
 
@@ -136,7 +136,7 @@ ADDED = WORK / "upstream-bound" / "test_gpt_step_added.py"
 def _upstream_bound_tests() -> Path:
     """The tests the patch adds to upstream's test_gpt_step.py, as a module over tests/support/upstream_helpers (the
     stand-ins for that file's helpers): in push CI they run without an upstream checkout."""
-    (tests,) = [file for file in Patch.load().files if file.path == UPSTREAM_TEST]
+    (tests,) = [file for file in load().files if file.path == UPSTREAM_TEST]
     added = "".join(line.value for hunk in tests for line in hunk if line.is_added)
     ADDED.parent.mkdir(parents=True, exist_ok=True)
     ADDED.write_text(f"from tests.support.upstream_helpers import *  # noqa: F403\n\n\nclass TestGetBatch:\n{added}")
@@ -222,8 +222,8 @@ def upstream(upstream_checkout, pytestconfig):
     """The tests the patch adds or changes in upstream's file, and the runs of that file per variant, on a patched
     copy of --upstream-checkout at --upstream-rev (the base-commit), built as gate builds it."""
     python = pytestconfig.getoption("upstream_python") or sys.executable
-    patch = Patch.load()
-    rev = pytestconfig.getoption("upstream_rev") or patch.base_commit or "HEAD"
+    patch = load()
+    rev = pytestconfig.getoption("upstream_rev") or base_commit(patch) or "HEAD"
     row = checkout_row(checkout(upstream_checkout), patch, rev=rev)
     patched = row.patched.cwd  # upstream + the whole patch
     return row.touched, run_variants(patched, FIXED_FILE, row.patched, WORK / "upstream-variants", python)

@@ -8,10 +8,9 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from maintain.redgreen.contract import Outcome, Run
+from maintain.redgreen.contract import GPT_STEP_MODULE, Outcome, Run
 from maintain.repo import REPO
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.paths import GPT_STEP_MODULE
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
+GPT_STEP_MODULE = "megatron.bridge.training.gpt_step"  # the module the carried patch changes: its sessions' default
 # How each session loads the plugin that records its outcomes, whatever the tree's own configuration.
 PYTEST = ("-p", "maintain.redgreen.plugin", "-p", "no:cacheprovider", "-q", "-o", "addopts=", "--strict-markers")
 

@@ -6,8 +6,7 @@ import sys
 
 import pytest
 
-from maintain.redgreen.contract import Outcome
-from mtp_mask_fix.paths import GPT_STEP_MODULE
+from maintain.redgreen.contract import GPT_STEP_MODULE, Outcome
 
 
 CONFIG = []  # the session's pytest config, once it is configured

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from maintain.redgreen.contract import PYTEST
-from mtp_mask_fix.paths import GPT_STEP_MODULE
+from maintain.redgreen.contract import GPT_STEP_MODULE, PYTEST
 
 
 # What every session under test imports before megatron.bridge, whatever the tree: imported once, before the fork.

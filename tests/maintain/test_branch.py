@@ -41,7 +41,7 @@ class TestBranch:
         assert git(checkout.root, "status", "--porcelain") == ""
 
         message = git(checkout.root, "log", "-1", "--format=%B", "fix-6103")
-        assert message == f"{patch.subject}\n\n{patch.body}\n\nSigned-off-by: {submitter}\n\n"
+        assert message == f"{patch.headers['Subject']}\n\n{patch.body}\n\nSigned-off-by: {submitter}\n\n"
         assert git(checkout.root, "log", "-1", "--format=%an <%ae>|%cn <%ce>", "fix-6103").strip() == (
             f"{submitter}|{submitter}"
         )

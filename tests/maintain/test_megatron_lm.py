@@ -20,7 +20,7 @@ from maintain.redgreen.contract import PYTEST, Outcome, Run
 from maintain.refresh import build
 from maintain.repo import REPO, WORK, megatron_lm_checkout
 from maintain.trees import materialise
-from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, load, upstream_of
+from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, base_commit, load, test_files, upstream_of
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Kind, Target
 from tests.test_wrong_fixes import variant_jobs
@@ -40,13 +40,13 @@ def _changed_lines(patch: Patch) -> list[tuple[str, str]]:
 class TestTheirPatches:
     def test_one_per_branch_each_on_the_commit_it_names(self):
         assert set(PATCHES) == {"main", "dev", "core_r0.19.0"}
-        assert all(re.fullmatch(r"[0-9a-f]{40}", patch.base_commit) for patch in PATCHES.values())
-        assert len({patch.base_commit for patch in PATCHES.values()}) == 3
+        assert all(re.fullmatch(r"[0-9a-f]{40}", base_commit(patch)) for patch in PATCHES.values())
+        assert len({base_commit(patch) for patch in PATCHES.values()}) == 3
 
     @pytest.mark.parametrize("name", ["main", "dev", "core_r0.19.0"])
     def test_read_with_their_sources_under_src_and_their_own_text(self, name):
         patch = PATCHES[name]
-        assert patch.paths() == [f"src/{SOURCE}", TEST_FILE] and patch.test_files() == [TEST_FILE]
+        assert patch.paths() == [f"src/{SOURCE}", TEST_FILE] and test_files(patch) == [TEST_FILE]
         assert patch.text == (MEGATRON_LM_PATCHES / f"{name}.patch").read_text()
         assert f"diff --git a/{SOURCE} b/{SOURCE}" in patch.text and "src/megatron" not in patch.text
         assert upstream_of(patch) == MEGATRON_LM and upstream_of(load()) == BRIDGE
@@ -213,7 +213,8 @@ def megatron_lm_clone(upstream_checkout) -> Path:
     """The Megatron-LM clone of an upstream checkout, if it holds every base-commit of patches/megatron-lm."""
     clone = upstream_checkout / "3rdparty" / "Megatron-LM"
     held = [
-        subprocess.run(["git", "-C", clone, "cat-file", "-e", f"{p.base_commit}^{{commit}}"]) for p in PATCHES.values()
+        subprocess.run(["git", "-C", clone, "cat-file", "-e", f"{base_commit(p)}^{{commit}}"])
+        for p in PATCHES.values()
     ]
     if any(done.returncode for done in held):
         pytest.skip(f"{clone} does not hold every base-commit of patches/megatron-lm: fetch them there")
@@ -333,10 +334,10 @@ def _variant_runs(clone: Path, branch: str) -> dict[str, dict[str, set[Outcome]]
     """Per variant of the branch's fix, and "carried": each of its tests' outcomes over the ranks."""
     if branch not in VARIANT_RUNS:
         patch = PATCHES[branch]
-        root = at(Target("Megatron-LM", clone, Kind.CHECKOUT), patch.base_commit, MEGATRON_LM).root
+        root = at(Target("Megatron-LM", clone, Kind.CHECKOUT), base_commit(patch), MEGATRON_LM).root
         work = WORK / "megatron-lm-variants" / branch
         carried = materialise(root, work / "carried", patch, strip=1)
-        tests = sorted(touched_tests(patch.test_files(), root, carried))
+        tests = sorted(touched_tests(test_files(patch), root, carried))
         job = Job((*tests, *MEGATRON_LM.options), carried / "src", carried, MEGATRON_LM.module)
         variants = BRANCH_VARIANTS[branch]
         jobs = variant_jobs(carried, f"src/{SOURCE}", job, work, variants)

@@ -43,7 +43,7 @@ def rebuilt(upstream, patch) -> str:
 class TestBuild:
     def test_round_trip(self, rebuilt, patch, tmp_path):
         """Same message, author, date, DEP-3 block and changed lines; only line numbers and blob ids may move."""
-        new = Patch.parse(tmp_path / "rebuilt.patch", rebuilt)
+        new = Patch.load(tmp_path / "rebuilt.patch", rebuilt)
         assert (new.headers, new.body) == (patch.headers, patch.body)
         assert {k: v for k, v in new.metadata.items() if k != "Last-Update"} == {
             k: v for k, v in patch.metadata.items() if k != "Last-Update"
@@ -58,9 +58,9 @@ class TestBuild:
     def test_last_update_moves_only_when_the_diff_changes(self, upstream, rebuilt, tmp_path):
         """The throwaway upstream's line numbers differ from real main's, so the diff moved: today. Rebuilt again
         from the rebuilt patch, the diff is the same: the date stays, whatever it was."""
-        assert Patch.parse(tmp_path / "p", rebuilt).metadata["Last-Update"] == datetime.date.today().isoformat()
+        assert Patch.load(tmp_path / "p", rebuilt).metadata["Last-Update"] == datetime.date.today().isoformat()
         dated = re.sub(r"(?m)^Last-Update: .*$", "Last-Update: 2020-01-02", rebuilt)
-        again = build(checkout_target(upstream.root), "wip", Patch.parse(tmp_path / "p", dated))
+        again = build(checkout_target(upstream.root), "wip", Patch.load(tmp_path / "p", dated))
         assert again == dated
 
     def test_edits_to_the_commit_reach_the_patch(self, git, upstream, patch, tmp_path):
@@ -70,7 +70,7 @@ class TestBuild:
         )
         upstream.gpt_step.write_text(text)
         git(upstream.root, "commit", "--quiet", "--amend", "--no-edit", "-a")
-        new = Patch.parse(tmp_path / "p", build(checkout_target(upstream.root), "wip", patch))
+        new = Patch.load(tmp_path / "p", build(checkout_target(upstream.root), "wip", patch))
         assert 'forward_args["loss_mask"] = loss_mask  # edited' in new.part(src=True)
         assert [f.path for f in new.files] == [FIXED, UPSTREAM_TEST]
 

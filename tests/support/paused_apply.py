@@ -6,20 +6,17 @@ It is read only outside a held (signal-blocked) write, as a signal at that momen
 - checked: the verdict holds the new bytes, nothing is written;
 - journaled: the journal is written, the file is as before;
 - replaced: the journal is written, the file is patched;
-- verified: the probe has answered (it verifies the new bytes aside, before the journal);
+- verified: the probe has shown the mask arrives (it verifies the new bytes aside, before the journal);
 - done: the journal is gone, the file is patched;
-- a temporary folder: the first one the run makes (in $TMPDIR) exists.
 """
 
 import contextlib
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from mtp_mask_fix import apply, cli, journal
-from mtp_mask_fix import verify as verifying
 from mtp_mask_fix.journal import JOURNAL
 
 
@@ -52,17 +49,12 @@ def held(_real=journal.held):
         pause({(True, False): "journaled", (True, True): "replaced", (False, True): "done"}.get((journaled, patched)))
 
 
-def verify(target, python, after=None, _real=verifying.verify):
-    found = _real(target, python, after)
-    pause("verified")
-    return found
+def proven(target, python, after, failed, _real=apply.proven):
+    shown = _real(target, python, after, failed)
+    if python:  # the probe has answered
+        pause("verified")
+    return shown
 
 
-def mkdtemp(*args, _real=tempfile.mkdtemp, **kwargs):
-    made = _real(*args, **kwargs)
-    pause("a temporary folder")
-    return made
-
-
-apply.check, journal.held, verifying.verify, tempfile.mkdtemp = check, held, verify, mkdtemp
+apply.check, apply.proven, journal.held = check, proven, held
 cli.main(ARGV)

@@ -24,12 +24,12 @@ from pathlib import Path
 import pytest
 from unidiff import PatchSet
 
-from maintain.repo import REPO, patch_file, pins, release_lines
+from maintain.repo import FIXED_FILE as FIXED
+from maintain.repo import REPO, UPSTREAM_TEST, patch_file, pins, release_lines
 from maintain.repo import release as release_target
+from maintain.upstreams import load
 from mtp_mask_fix.cli import main as tool_main
 from mtp_mask_fix.patch import Patch
-from mtp_mask_fix.paths import FIXED_FILE as FIXED
-from mtp_mask_fix.paths import UPSTREAM_TEST
 
 
 PINNED = pins()["megatron-bridge"]
@@ -69,7 +69,7 @@ class Tree:
 @pytest.fixture(scope="session")
 def patch() -> Patch:
     """The committed patch, first in patches/series."""
-    return Patch.load()
+    return load()
 
 
 @pytest.fixture(scope="session")

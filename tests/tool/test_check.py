@@ -338,7 +338,6 @@ WRITTEN_ANOTHER_WAY = {
     "a keyword at the call": ("model(**forward_args)", "model(**forward_args, loss_mask=loss_mask)"),
     "our lines without our comments": (PACKED, FIX + PACKED),
     "the MTP test inline": (PACKED, FIX.replace("use_mtp", MTP_TEST) + PACKED),
-    "a copy": (PACKED, FIX.replace("= loss_mask", "= loss_mask.clone()") + PACKED),
     "no guard": (PACKED, FIX.split("\n")[1].removeprefix("    ") + "\n" + PACKED),
     "beside the call": (MODEL_CALL, '            forward_args["loss_mask"] = loss_mask\n' + MODEL_CALL),
 }
@@ -384,7 +383,15 @@ class TestReading:
         assert read(text).fixed is None and "`if use_mtp:` may skip" in read(text).why
 
     @pytest.mark.parametrize(
-        "value", ["None", "torch.ones_like(loss_mask)", "loss_mask.roll(-1, -1)", "labels", "loss_mask[:, 1:]"]
+        "value",
+        [
+            "None",
+            "torch.ones_like(loss_mask)",
+            "loss_mask.roll(-1, -1)",
+            "labels",
+            "loss_mask[:, 1:]",
+            "loss_mask.clone()",
+        ],
     )
     def test_a_tensor_that_is_not_the_batchs_mask_is_the_probes(self, release_gpt_step, value):
         text = release_gpt_step.replace(LABELS, LABELS.replace("    }", f'        "loss_mask": {value},\n    }}'))
@@ -441,6 +448,7 @@ class TestReading:
             'forward_args.get("loss_mask")',
             "forward_args.update(extra)",
             'forward_args.setdefault("loss_mask", None)',
+            'forward_args.pop("padding_mask", None)',
             "forward_args.clear()",
             "forward_args = dict(forward_args)",
             "_strip(forward_args)",
@@ -457,13 +465,11 @@ class TestReading:
         "use",
         [
             'forward_args["padding_mask"] = padding_mask',
-            'if forward_args.get("padding_mask") is not None:\n                pass',
-            'forward_args.pop("padding_mask", None)',
             'assert "loss_mask" in forward_args',
         ],
     )
     def test_a_use_that_leaves_the_mask_as_it_is_keeps_it_fixed(self, patched_gpt_step, use):
-        """Guards the reading's reach: another key, a read and a test of the dict (upstream main's own uses)."""
+        """Guards the reading's reach: another key set and a test of the dict (upstream main's own uses)."""
         assert read(patched_gpt_step.replace(MODEL_CALL, f"            {use}\n{MODEL_CALL}")) == Reading(True)
 
     def test_a_model_call_given_its_arguments_by_a_caller_is_not_shown(self, patched_gpt_step):

@@ -2,16 +2,18 @@
 
 import datetime
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from maintain.repo import REPO, VIEW
+from maintain.repo import REPO, VIEW, series
+from maintain.upstreams import base_commit, load
+from mtp_mask_fix import check
 from mtp_mask_fix.errors import ToolError
 from mtp_mask_fix.git import apply_diff
-from mtp_mask_fix.patch import Patch, series
 from mtp_mask_fix.paths import PATCHES
 from tests.support.targets import FIXED, UPSTREAM_TEST
 
@@ -49,9 +51,10 @@ class TestMailbox:
 
     def test_title_is_a_conventional_commit_of_at_most_60_characters(self, patch):
         """House style: the median title is about 60 characters before " (#NNNN)"."""
-        assert re.fullmatch(r"fix\(training\): [a-z][^.]*[^.\s]", patch.subject)
-        assert len(patch.subject) <= 60
-        assert "loss_mask" in patch.subject and "MTP" in patch.subject
+        subject = patch.headers["Subject"]
+        assert re.fullmatch(r"fix\(training\): [a-z][^.]*[^.\s]", subject)
+        assert len(subject) <= 60
+        assert "loss_mask" in subject and "MTP" in subject
 
     def test_the_fix_comment_says_why_the_guard(self, patch):
         """The next refactor must not simplify `if use_mtp:` away: the comment names the only reader and FalconH1."""
@@ -65,7 +68,7 @@ class TestMailbox:
 
     def test_zero_commit_and_base_commit(self, patch):
         assert patch.text.startswith("From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n")
-        assert re.fullmatch(r"[0-9a-f]{40}", patch.base_commit or "")
+        assert re.fullmatch(r"[0-9a-f]{40}", base_commit(patch) or "")
 
     def test_no_sign_off(self, patch):
         """The submitter signs off with `./run branch` (git am -s); the carried patch holds none."""
@@ -76,8 +79,9 @@ class TestMailbox:
         assert b"\r" not in raw and raw.endswith(b"\n")
         raw.decode("utf-8")
 
-    def test_loads_from_its_own_path(self, patch):
-        assert Patch.load(series()[0]).text == patch.text
+    def test_maintain_loads_it_whole_from_its_own_path(self, patch):
+        """maintain's load refuses a damaged mailbox (a cut, its diffstat unmatched): the carried one passes."""
+        assert load(series()[0]).text == patch.text
 
 
 class TestDep3:
@@ -181,10 +185,22 @@ def test_a_damaged_patch_is_refused_in_one_line(patch, tmp_path, name):
     path = tmp_path / "damaged.patch"
     path.write_bytes(damaged(patch).encode("utf-8", errors="surrogateescape"))
     with pytest.raises(ToolError, match=words) as refused:
-        Patch.load(path)
+        load(path)
     assert refused.value.code == 2 and "\n" not in str(refused.value)
 
 
 def test_a_missing_patch_is_refused(tmp_path):
     with pytest.raises(ToolError, match="cannot read patch"):
-        Patch.load(tmp_path / "nope.patch")
+        load(tmp_path / "nope.patch")
+
+
+def test_a_patch_cut_short_in_the_package_is_refused_in_one_line(
+    cli, refused, site_packages, patch, tmp_path, monkeypatch
+):
+    """An installed tool whose package data lost its patch's end: one line naming the file, exit 2, no traceback."""
+    copy = tmp_path / "patches"
+    shutil.copytree(PATCHES, copy)
+    cut = copy / patch.path.name
+    cut.write_text(patch.text[: patch.text.index("     }\n+    if use_mtp:")])
+    monkeypatch.setattr(check, "PATCHES", copy)
+    refused(cli("check", site_packages.root), 2, f"{cut}: its diff is cut short", "reinstall mtp-mask-fix")
