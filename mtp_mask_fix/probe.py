@@ -13,10 +13,21 @@ from types import SimpleNamespace
 LOSS_MASK = [[0.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]  # asymmetric: no other tensor of the batch equals it
 
 
-def probe() -> dict:
-    """The gpt_step.py that ran, whether the model received the batch's loss_mask, and why."""
+def global_state():
+    """The parts of Bridge's GlobalState that forward_step reads, with no packing and timers that do nothing."""
     from unittest.mock import MagicMock  # timers and the straggler timer: called, started, entered, they do nothing
 
+    dataset = SimpleNamespace(
+        enable_offline_packing=False, offline_packing_specs=None, skip_getting_attention_mask_from_dataset=True
+    )
+    rerun = SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False)
+    model = SimpleNamespace(pipeline_model_parallel_layout=None, virtual_pipeline_model_parallel_size=None)
+    cfg = SimpleNamespace(dataset=dataset, model=model, rerun_state_machine=rerun)
+    return SimpleNamespace(cfg=cfg, timers=MagicMock(), straggler_timer=MagicMock())
+
+
+def probe() -> dict:
+    """The gpt_step.py that ran, whether the model received the batch's loss_mask, and why."""
     import torch
     from megatron.core import parallel_state
 
@@ -30,13 +41,6 @@ def probe() -> dict:
     tensors["position_ids"] = [[0, 1, 2, 3], [0, 1, 2, 3]]
     batch = {key: torch.tensor(value).as_subclass(Resident) for key, value in tensors.items()}
     seen = {}
-    dataset = SimpleNamespace(  # what forward_step reads of Bridge's GlobalState: no packing, timers that do nothing
-        enable_offline_packing=False, offline_packing_specs=None, skip_getting_attention_mask_from_dataset=True
-    )
-    rerun = SimpleNamespace(check_for_nan_in_loss=False, check_for_spiky_loss=False)
-    parallel = SimpleNamespace(pipeline_model_parallel_layout=None, virtual_pipeline_model_parallel_size=None)
-    cfg = SimpleNamespace(dataset=dataset, model=parallel, rerun_state_machine=rerun)
-    state = SimpleNamespace(cfg=cfg, timers=MagicMock(), straggler_timer=MagicMock())
 
     def model(**kwargs):
         seen.update(kwargs)
@@ -54,7 +58,7 @@ def probe() -> dict:
     )
     gpt_step.get_model_config = lambda model: config  # what a model built by Bridge carries, and its groups
     gpt_step.get_pg_collection = lambda model: SimpleNamespace(pp=world, cp=world, tp=world)
-    gpt_step.forward_step(state, iter([batch | {"attention_mask": None}]), model)
+    gpt_step.forward_step(global_state(), iter([batch | {"attention_mask": None}]), model)
     given, mask = seen.get("loss_mask"), torch.tensor(LOSS_MASK)
     delivered = isinstance(given, torch.Tensor) and torch.equal(given, mask)
     if delivered:
