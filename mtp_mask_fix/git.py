@@ -16,9 +16,7 @@ def git(*args: str, cwd: Path | str | None = None, check: bool = True, env: dict
     return subprocess.run(["git", *args], cwd=cwd, check=check, capture_output=True, text=True, env=env, **kw)
 
 
-def apply_diff(
-    diff: str, root: Path, *, strip: int = 1, reverse=False, check=False, cached=False, env: dict | None = None
-) -> str:
+def apply_diff(diff: str, root: Path, *, strip=1, reverse=False, check=False, cached=False, env=None) -> str:
     """git's error of `git apply` (all or nothing) under root, or to the index `env` names if `cached`; "" if none."""
     # Outside a cached apply, which needs the repository, root is no part of an enclosing one: git would resolve the
     # paths from that one's top and skip ours.

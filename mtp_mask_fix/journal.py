@@ -115,9 +115,8 @@ def write(target: Target, after: dict[str, bytes], done: str) -> None:
     try:
         with held():
             with doing("reading", root):
-                files = {rel: {"before": base64.b64encode((root / rel).read_bytes()).decode()} for rel in after}
-            for rel, data in after.items():
-                files[rel]["after"] = hashlib.sha256(data).hexdigest()
+                before = {rel: base64.b64encode((root / rel).read_bytes()).decode() for rel in after}
+            files = {rel: {"before": b, "after": hashlib.sha256(after[rel]).hexdigest()} for rel, b in before.items()}
             write_atomic(root / JOURNAL, json.dumps({"release": target.release, "files": files}).encode())
         with held():
             for rel, data in after.items():
