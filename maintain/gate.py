@@ -30,7 +30,7 @@ from maintain.upstreams import (
     Upstream,
     base_commit,
     load,
-    test_files,
+    patched_tests,
     upstream_of,
 )
 from mtp_mask_fix import cli
@@ -126,8 +126,8 @@ def at(target: Target, rev: str = "HEAD", upstream: Upstream = BRIDGE, source: P
 def checkout_row(target: Target, patch: Patch, rev: str = "HEAD", upstream: Path | None = None) -> Row:
     """Upstream at `rev` (`at`'s tree, or `upstream`) with the patch's test part, all of it, each source hunk out."""
     upstream = upstream or at(target, rev, upstream_of(patch)).root
-    row = _row(target, patch, upstream, upstream.parent, tuple(test_files(patch)))
-    row.touched = touched_tests(test_files(patch), upstream, row.patched.cwd)
+    row = _row(target, patch, upstream, upstream.parent, tuple(patched_tests(patch)))
+    row.touched = touched_tests(patched_tests(patch), upstream, row.patched.cwd)
     row.notes = _lint(patch, row.patched.cwd)
     return row
 
@@ -250,7 +250,7 @@ def judge(row: Row, runs: dict[Job, Run]) -> None:
     row.unjudged = len(patched.outcomes) - len(fail_to_pass) - len(others)
     row.notes += problems(base, patched, fail_to_pass, others)
     if not fail_to_pass:  # never a pass when nothing could go red
-        row.notes.append(f"no FAIL_TO_PASS test of {', '.join(test_files(row.patch) or row.base.args)} ran")
+        row.notes.append(f"no FAIL_TO_PASS test of {', '.join(patched_tests(row.patch) or row.base.args)} ran")
     for hunk, job in enumerate(row.without, 1):  # needed: left out, a FAIL_TO_PASS test does not pass or lint finds
         lints = row.target.kind == Kind.CHECKOUT and _lint(row.patch, job.cwd)  # a release has no lint config
         if all(runs[job].of(n) == Outcome.PASSED for n in fail_to_pass) and not lints:

@@ -69,7 +69,7 @@ def base_commit(patch: Patch) -> str | None:
     return base and base.group(1)
 
 
-def test_files(patch: Patch) -> list[str]:
+def patched_tests(patch: Patch) -> list[str]:
     """The upstream test files the patch changes, as an upstream checkout names them."""
     return [path for path in patch.paths(src=False) if path.startswith("tests/")]
 

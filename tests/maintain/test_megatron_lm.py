@@ -20,7 +20,7 @@ from maintain.redgreen.contract import PYTEST, Outcome, Run
 from maintain.refresh import build
 from maintain.repo import REPO, WORK, megatron_lm_checkout
 from maintain.trees import materialise
-from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, base_commit, load, test_files, upstream_of
+from maintain.upstreams import BRIDGE, MEGATRON_LM, MEGATRON_LM_PATCHES, base_commit, load, patched_tests, upstream_of
 from mtp_mask_fix.patch import Patch
 from mtp_mask_fix.targets import Kind, Target
 from tests.test_wrong_fixes import variant_jobs
@@ -46,7 +46,7 @@ class TestTheirPatches:
     @pytest.mark.parametrize("name", ["main", "dev", "core_r0.19.0"])
     def test_read_with_their_sources_under_src_and_their_own_text(self, name):
         patch = PATCHES[name]
-        assert patch.paths() == [f"src/{SOURCE}", TEST_FILE] and test_files(patch) == [TEST_FILE]
+        assert patch.paths() == [f"src/{SOURCE}", TEST_FILE] and patched_tests(patch) == [TEST_FILE]
         assert patch.text == (MEGATRON_LM_PATCHES / f"{name}.patch").read_text()
         assert f"diff --git a/{SOURCE} b/{SOURCE}" in patch.text and "src/megatron" not in patch.text
         assert upstream_of(patch) == MEGATRON_LM and upstream_of(load()) == BRIDGE
@@ -337,7 +337,7 @@ def _variant_runs(clone: Path, branch: str) -> dict[str, dict[str, set[Outcome]]
         root = at(Target("Megatron-LM", clone, Kind.CHECKOUT), base_commit(patch), MEGATRON_LM).root
         work = WORK / "megatron-lm-variants" / branch
         carried = materialise(root, work / "carried", patch, strip=1)
-        tests = sorted(touched_tests(test_files(patch), root, carried))
+        tests = sorted(touched_tests(patched_tests(patch), root, carried))
         job = Job((*tests, *MEGATRON_LM.options), carried / "src", carried, MEGATRON_LM.module)
         variants = BRANCH_VARIANTS[branch]
         jobs = variant_jobs(carried, f"src/{SOURCE}", job, work, variants)
