@@ -1,6 +1,7 @@
 """`watch -- CMD`: CMD as it is, megatron-core's MTP loss watched in each of its Python processes (watched.py)."""
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -10,26 +11,27 @@ import tempfile
 from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
-from mtp_mask_fix.signals import SIGNALS, Interrupted, say
+from mtp_mask_fix.signals import SIGNALS, Interrupted, held, say
 from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS, UNJUDGED
 
 
+UNBLOCK = functools.partial(signal.pthread_sigmask, signal.SIG_UNBLOCK, SIGNALS)  # in the job, as it starts
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
 
 
 def watch(command: list[str], *, steps: int | None, strict: bool) -> int:
-    """Run CMD, which leads a process group of its own (a signal to watch goes to all of it once, a second ends it);
-    print what its processes reported, and return watch's exit code."""
+    """Run CMD in a session of its own (watch passes a signal on once, a second ends it); print and return the verdict."""
     if steps is not None and steps < 1:
         raise ToolError(f"watch: --steps {steps}: not a number of calls (1 or more)")
     if not command or shutil.which(command[0]) is None:
         raise ToolError(f"watch: {command[0]}: command not found" if command else "watch: no command after --")
     with tempfile.TemporaryDirectory(prefix="mtp-mask-fix-watch-") as folder:
         (Path(folder) / "sitecustomize.py").symlink_to(Path(__file__).with_name("watched.py"))
-        config = {"PYTHONPATH": os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))}
-        config["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": Exit.UNMASKED if strict else 0})
-        job = subprocess.Popen(command, env=dict(os.environ, **config), start_new_session=True)
-        try:  # how the job ended: its code, and the signal that stopped it (None)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])))
+        env["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": Exit.UNMASKED if strict else 0})
+        try:  # how the job ended: its code, and the signal that stopped it (None), one as it starts too
+            with held():  # a signal is taken once `job` is bound, and so goes on to the job
+                job = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=UNBLOCK)
             code, stopped = job.wait(), None
         except Interrupted as exc:
             code, stopped = _code_once_stopped(job, signal.Signals[exc.name]), exc
@@ -51,9 +53,7 @@ def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
             sig = signal.SIGKILL
 
 
-def verdict(
-    name: str, code: int, reports: list[dict], stopped: Interrupted | None = None, steps=None
-) -> tuple[str, Exit]:
+def verdict(name: str, code: int, reports: list, stopped: Interrupted | None = None, steps=None) -> tuple[str, Exit]:
     """The job's line and one per rank whose judged counts are unlike most ranks', from each process's last report,
     for `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on, counting each process's
     first `steps` calls; and watch's exit code (errors.Exit says what each means)."""

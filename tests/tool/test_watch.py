@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from mtp_mask_fix.errors import Exit
-from mtp_mask_fix.watch import verdict
+from mtp_mask_fix.signals import Interrupted, guard
+from mtp_mask_fix.watch import verdict, watch
 from mtp_mask_fix.watched import COUNTS, LOOKED_FOR
 
 
@@ -132,6 +133,26 @@ def _watching(env: dict, tmp_path, job: str, written: str) -> subprocess.Popen:
         assert watch.poll() is None, watch.communicate()
         time.sleep(0.05)
     return watch
+
+
+def test_a_signal_as_the_job_starts_goes_on_to_the_job(mocker, tmp_path):
+    """A signal that reaches watch while it starts its command (before it holds the job's handle) ends the command."""
+    popen, started = subprocess.Popen, []
+
+    def starting(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)  # inside Popen, as a Ctrl-C at that moment
+        return started[0]
+
+    mocker.patch("mtp_mask_fix.watch.subprocess.Popen", side_effect=starting)
+    job = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); time.sleep(600)"
+    try:
+        with guard(), pytest.raises(Interrupted):
+            watch([sys.executable, "-c", job], steps=None, strict=False)
+        assert started[0].returncode is not None, "the job runs on after watch was interrupted"
+    finally:
+        started[0].kill()
+        started[0].wait()
 
 
 @pytest.mark.slow
