@@ -38,7 +38,7 @@ def guard():
 @contextlib.contextmanager
 def held():
     """Block SIGNALS until the block ends, then deliver them, so that no write is cut short."""
-    # A process spawned inside inherits the block: spawn none.
+    # A process spawned inside inherits the block: its preexec_fn unblocks them (watch.UNBLOCK).
     old = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # first: a handler run by the call below cannot skip `finally`
     try:
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
