@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,7 +142,7 @@ def test_a_signal_as_the_job_starts_goes_on_to_the_job(mocker, tmp_path):
 
     def starting(*args, **kwargs):
         started.append(popen(*args, **kwargs))
-        os.kill(os.getpid(), signal.SIGINT)  # inside Popen, as a Ctrl-C at that moment
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # inside Popen, to watch's one thread
         return started[0]
 
     mocker.patch("mtp_mask_fix.watch.subprocess.Popen", side_effect=starting)
