@@ -160,6 +160,20 @@ def excess_loss_selected(batch: dict, losses: torch.Tensor) -> torch.Tensor:
     return masked_mean(losses * keep, batch["mask"])
 
 
+def selected_in_place(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """Rho-1's selection (the masked tokens whose loss exceeds a reference model's most) copied into a buffer the loop
+    keeps, then applied beside the batch's mask."""
+    keep = torch.zeros_like(batch["mask"])
+    keep.copy_(losses.detach() - batch["reference"] >= (losses.detach() - batch["reference"]).median())
+    return masked_mean(losses * keep, batch["mask"])
+
+
+def rows_put_back(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """The rows taken in another order by an index (as verl reverts its dynamic batch's sort), then masked."""
+    order = torch.arange(len(losses)).flip(0)
+    return masked_mean(losses[order], batch["mask"][order])
+
+
 def top_dropped(batch: dict, losses: torch.Tensor, share: float = 0.1) -> torch.Tensor:
     """Each row's `share` of highest losses dropped (loss truncation per row), masked as Megatron-LM masks."""
     keep = losses < losses.detach().quantile(1 - share, dim=-1, keepdim=True)
@@ -237,6 +251,13 @@ def row_masked_after_reduction(batch: dict, losses: torch.Tensor, masked: bool =
     keep = torch.ones(len(rows))
     keep[-1] = 0.0
     return (rows * keep).sum() / keep.sum()
+
+
+def logged_beside(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """Megatron-LM's masked loss, and beside it, with gradients on, the loss over what its mask leaves out, as a
+    metric to log: the backward reaches the first only."""
+    batch["logged"] = masked_mean(losses, 1 - batch["mask"]).detach()
+    return megatron_lm_loss(batch["mask"], losses)
 
 
 def truncated(losses: torch.Tensor, kept: float) -> torch.Tensor:
@@ -327,6 +348,12 @@ RIGHT = {
     "rl, masked importance sampling from the batch": Loop(
         lambda: banded(rl()), loss=lambda b, out: policy_loss(dict(b, advantages=b["advantages"] * b["band"]), out)
     ),
+    "a metric masked otherwise, logged, not trained": Loop(sft, loss=logged_beside),
+    "a selection copied into a buffer of the loop's": Loop(lambda: with_weights(sft()), loss=selected_in_place),
+    "rows put back in order by an index": Loop(sft, loss=rows_put_back),
+    "labels of their own, not the inputs": Loop(
+        lambda: dict(pretraining(_text(16, 33, vocab=3)), labels=_text(16, 32, 3, seed=5))
+    ),
     "per-row loss weights": Loop(lambda: with_weights(sft()), loss=lambda b, out: weighted(b, out, "row_weights")),
     "per-token loss weights": Loop(lambda: with_weights(sft()), loss=lambda b, out: weighted(b, out, "token_weights")),
 }
@@ -342,6 +369,10 @@ UNJUDGED = {  # calls no backward reaches, or whose loss applies no 0/1 mask: no
     "a row mask after a reduction": Loop(sft, loss=row_masked_after_reduction),
     "a row mask after a reduction, alone": Loop(
         lambda: pretraining(_text(3, 25)), loss=lambda b, out: row_masked_after_reduction(b, out, masked=False)
+    ),
+    "every row's advantage 0, applied alone": Loop(
+        lambda: dict(sft(), advantages=torch.zeros(3, 1)),
+        loss=lambda b, out: (out * b["advantages"]).sum() / b["mask"].sum(),
     ),
     "reinforce, rewards of 0 and 1 as advantages": Loop(lambda: rl(advantages=(1.0, 0.0, 1.0)), loss=grpo_loss),
     "verl's label mask, one past the response, handed to the model": Loop(
@@ -412,9 +443,10 @@ def run(model, loop: str | Loop, batch: dict | None = None) -> torch.Tensor:
     return loss
 
 
-def run_packed(model, tail: int = 5, mtp_mask=None) -> torch.Tensor:
+def run_packed(model, tail: int = 5, mtp_mask=None) -> dict:
     """Three texts packed into one row (THD, with their cu_seqlens) and a pad tail the loss masks: core's MTP loss,
-    then its LM loss on the hidden states it returns, as GPTModel._postprocess calls them, and the masked mean."""
+    then its LM loss on the hidden states it returns, as GPTModel._postprocess calls them, and the masked mean; the
+    batch, with the loss's mask and cu_seqlens."""
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.multi_token_prediction import process_mtp_loss
 
@@ -440,7 +472,7 @@ def run_packed(model, tail: int = 5, mtp_mask=None) -> torch.Tensor:
         hidden_states = process_mtp_loss(
             hidden_states=hidden,
             labels=labels,
-            loss_mask=mask if mtp_mask is None else mtp_mask,
+            loss_mask=mask if mtp_mask is None else mtp_mask(mask),
             output_layer=model.output_layer,
             output_weight=None,
             runtime_gather_output=None,
@@ -455,9 +487,8 @@ def run_packed(model, tail: int = 5, mtp_mask=None) -> torch.Tensor:
     model.train()
     with cpu_runtime.CudaAsCpu():
         losses = _Returning(model.config)(postprocess)  # what GPTModel returns: its forward's one call
-    loss = megatron_lm_loss(mask, losses)
-    loss.backward()
-    return loss
+    megatron_lm_loss(mask, losses).backward()
+    return {"tokens": tokens, "labels": labels, "mask": mask, "cu": cu}
 
 
 class _Returning(LanguageModule):

@@ -148,6 +148,17 @@ def test_an_all_ones_mask_over_any_padding_is_found(models, wrap, tmp_path, padd
     assert code == Exit.UNMASKED and findings(padding, 0) in text, text
 
 
+def test_an_all_ones_mask_over_packed_rows_is_found(models, wrap, tmp_path):
+    """THD: core's MTP loss has a target where a label and the one before it are of one sequence; of those, it counts
+    each the loss's mask leaves out (the pad tail's, each text's last label) once handed ones."""
+    wrap()
+    batch = loops.run_packed(models[1], mtp_mask=torch.ones_like)
+    sequence = torch.bucketize(torch.arange(batch["mask"].shape[1]), batch["cu"][1:], right=True)
+    targets = sequence[1:] == sequence[:-1]
+    text, code = verdict("loop", 0, [reported(tmp_path)])
+    assert code == Exit.UNMASKED and findings(int((targets & (batch["mask"][0, 1:] == 0)).sum()), 0) in text, text
+
+
 @pytest.mark.parametrize("name", loops.UNJUDGED)
 def test_a_call_no_backward_reaches_or_whose_loss_applies_no_mask_is_not_judged(judged, name):
     """Alone it leaves nothing judged (exit 5); after a right call it is counted as such, and the job exits 0."""
