@@ -161,8 +161,8 @@ def excess_loss_selected(batch: dict, losses: torch.Tensor) -> torch.Tensor:
 
 
 def selected_in_place(batch: dict, losses: torch.Tensor) -> torch.Tensor:
-    """Rho-1's selection (the masked tokens whose loss exceeds a reference model's most) copied into a buffer the loop
-    keeps, then applied beside the batch's mask."""
+    """A selection by excess loss over a reference model (its upper half), copied into a buffer the loop keeps, then
+    applied beside the batch's mask."""
     keep = torch.zeros_like(batch["mask"])
     keep.copy_(losses.detach() - batch["reference"] >= (losses.detach() - batch["reference"]).median())
     return masked_mean(losses * keep, batch["mask"])

@@ -149,8 +149,8 @@ def test_an_all_ones_mask_over_any_padding_is_found(models, wrap, tmp_path, padd
 
 
 def test_an_all_ones_mask_over_packed_rows_is_found(models, wrap, tmp_path):
-    """THD: core's MTP loss has a target where a label and the one before it are of one sequence; of those, it counts
-    each the loss's mask leaves out (the pad tail's, each text's last label) once handed ones."""
+    """THD, handed ones: core's MTP loss counts each label that follows one of its own sequence, so the positions
+    found are those of them the loss's mask leaves out (the pad tail's but its first, each text's last label)."""
     wrap()
     batch = loops.run_packed(models[1], mtp_mask=torch.ones_like)
     sequence = torch.bucketize(torch.arange(batch["mask"].shape[1]), batch["cu"][1:], right=True)
