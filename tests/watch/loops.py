@@ -352,7 +352,7 @@ RIGHT = {
     "a selection copied into a buffer of the loop's": Loop(lambda: with_weights(sft()), loss=selected_in_place),
     "rows put back in order by an index": Loop(sft, loss=rows_put_back),
     "labels of their own, not the inputs": Loop(
-        lambda: dict(pretraining(_text(16, 33, vocab=3)), labels=_text(16, 32, 3, seed=5))
+        lambda: dict(pretraining(_text(16, 33, vocab=3)), labels=_text(16, 32, vocab=3, seed=5))
     ),
     "per-row loss weights": Loop(lambda: with_weights(sft()), loss=lambda b, out: weighted(b, out, "row_weights")),
     "per-token loss weights": Loop(lambda: with_weights(sft()), loss=lambda b, out: weighted(b, out, "token_weights")),
