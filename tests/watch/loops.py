@@ -153,18 +153,21 @@ def one_unclipped_per_row(batch: dict, logits: torch.Tensor) -> torch.Tensor:
     return policy_loss(batch, logits, drift=drift)
 
 
+def _above_reference(batch: dict, losses: torch.Tensor) -> torch.Tensor:
+    """Rho-1's selection: of the masked tokens, those whose loss exceeds a reference model's most (the top half)."""
+    excess = (losses - batch["reference"]).masked_fill(batch["mask"] == 0, float("nan")).detach()
+    return excess >= excess.nanquantile(0.5, dim=-1, keepdim=True)  # NaN where the mask is 0: never kept
+
+
 def excess_loss_selected(batch: dict, losses: torch.Tensor) -> torch.Tensor:
-    """Rho-1: of the masked tokens, those whose loss exceeds a reference model's most (the top half) are trained."""
-    excess = (losses - batch["reference"]).masked_fill(batch["mask"] == 0, float("-inf")).detach()
-    keep = excess >= excess.quantile(0.5, dim=-1, keepdim=True)
-    return masked_mean(losses * keep, batch["mask"])
+    """Rho-1: the selected tokens are trained."""
+    return masked_mean(losses * _above_reference(batch, losses), batch["mask"])
 
 
 def selected_in_place(batch: dict, losses: torch.Tensor) -> torch.Tensor:
-    """A selection by excess loss over a reference model (its upper half), copied into a buffer the loop keeps, then
-    applied beside the batch's mask."""
+    """Rho-1's selection copied into a buffer the loop keeps, then applied beside the batch's mask."""
     keep = torch.zeros_like(batch["mask"])
-    keep.copy_(losses.detach() - batch["reference"] >= (losses.detach() - batch["reference"]).median())
+    keep.copy_(_above_reference(batch, losses))
     return masked_mean(losses * keep, batch["mask"])
 
 
