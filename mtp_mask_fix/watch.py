@@ -34,6 +34,8 @@ def watch(command: list[str], *, steps: int | None, strict: bool) -> int:
                 job = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=UNBLOCK)
             code, stopped = job.wait(), None
         except Interrupted as exc:
+            if "job" not in locals():  # before the job started (a handler runs between any two bytecodes)
+                raise
             code, stopped = _code_once_stopped(job, signal.Signals[exc.name]), exc
         signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)  # the job has ended: what it reported stands
         reports = [json.loads(p.read_text()) for p in Path(folder).glob("*.json")]

@@ -68,8 +68,7 @@ def _returning_followed(call_model):
         before, out = seen["calls"], call_model(self, *args, **kwargs)
         if seen["calls"] != before and getattr(out, "requires_grad", False) and out.shape[:2] == latest[0]["shape"]:
             with sys.modules["torch"]._C.DisableTorchFunction():  # a torch-function mode of the job's sees none of it
-                index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
-                latest[0]["index"] = index  # in the output's own order
+                latest[0]["index"] = index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
                 out = _followed(out, latest[0], index.view(*out.shape[:2], *[1] * (out.dim() - 2)))
         return out
 

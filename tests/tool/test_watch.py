@@ -156,6 +156,16 @@ def test_a_signal_as_the_job_starts_goes_on_to_the_job(mocker, tmp_path):
         started[0].wait()
 
 
+def test_a_signal_before_the_job_starts_ends_watch_and_starts_no_job(mocker):
+    """A signal whose handler runs before watch starts its command (between any two bytecodes, or for another thread
+    of an in-process caller) ends watch as interrupted, and the command never runs."""
+    mocker.patch("mtp_mask_fix.watch.held", side_effect=Interrupted(signal.SIGTERM))
+    popen = mocker.patch("mtp_mask_fix.watch.subprocess.Popen")
+    with pytest.raises(BaseException) as raised:
+        watch([sys.executable, "-c", "pass"], steps=None, strict=False)
+    assert (raised.type, popen.call_count) == (Interrupted, 0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_the_job_ends_and_nothing_is_left(env, tmp_path, signum):
