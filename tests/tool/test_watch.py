@@ -157,8 +157,8 @@ def test_a_signal_as_the_job_starts_goes_on_to_the_job(mocker, tmp_path):
 
 
 def test_a_signal_before_the_job_starts_ends_watch_and_starts_no_job(mocker):
-    """A signal whose handler runs before watch starts its command (between any two bytecodes, or for another thread
-    of an in-process caller) ends watch as interrupted, and the command never runs."""
+    """A signal whose handler runs before watch blocks signals to start its command (between any two bytecodes) ends
+    watch as interrupted, and the command never runs."""
     mocker.patch("mtp_mask_fix.watch.held", side_effect=Interrupted(signal.SIGTERM))
     popen = mocker.patch("mtp_mask_fix.watch.subprocess.Popen")
     with pytest.raises(BaseException) as raised:
