@@ -9,7 +9,7 @@ from pathlib import Path
 from maintain import printed
 from maintain.repo import UPSTREAM_TEST, checkout
 from mtp_mask_fix import check, cli
-from mtp_mask_fix.check import State, Verdict
+from mtp_mask_fix.check import State
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.git import first_error_line, git
 from mtp_mask_fix.patch import Patch
@@ -27,8 +27,10 @@ def make_branch(target: Target, patches: list[Patch], branch: str) -> str:
     if git("diff", "--cached", "--quiet", cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label} has staged changes; commit or unstage them first")
     verdict = check.check(target, patches)
-    if fixed := _fixed_how(verdict):
-        return f"{target.label}: already fixed ({fixed}); no branch made"
+    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
+        raise ToolError(str(verdict), verdict.state.code)
+    if verdict.how_fixed:
+        return f"{target.label}: already fixed ({verdict.how_fixed}); no branch made"
     if git("diff", "--quiet", "--", *verdict.patch.paths(), cwd=root, check=False).returncode != 0:
         raise ToolError(f"{target.label}: uncommitted changes in files the patch touches; commit or stash them")
     with tempfile.TemporaryDirectory() as worktree:  # detached: a killed run leaves no branch behind
@@ -67,13 +69,6 @@ def run(args) -> tuple[str, Exit]:
     if not args.name or git("check-ref-format", "--branch", args.name, check=False).returncode != 0:
         raise ToolError(f"branch {args.name!r}: not a valid branch name (git check-ref-format --branch)")
     return make_branch(checkout(args.checkout), check.candidates(), args.name), Exit.OK
-
-
-def _fixed_how(verdict: Verdict) -> str:
-    """How the target already holds the fix, "" if the patch applies; any other state is refused with its line."""
-    if verdict.state not in (State.APPLIED, State.EQUIVALENT, State.APPLIES):
-        raise ToolError(str(verdict), verdict.state.code)
-    return {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}.get(verdict.state, "")
 
 
 def parser() -> cli.Parser:

@@ -36,12 +36,11 @@ def apply(target: str | None, *, verify: bool, python: str, wait: float = WAIT) 
         said = f"{tree.label}: changed while the patch was verified; nothing changed: run it again"
         raise ToolError(said, Exit.FAILED)
     unsure = verdict.state in (State.UNPROVEN, State.UNTOLD)  # the probe tells
-    how = {State.APPLIED: verdict.detail, State.EQUIVALENT: "another way"}  # how it is fixed already
-    if not unsure and verdict.state not in how:
+    if not unsure and not verdict.how_fixed:
         raise ToolError(str(verdict), verdict.state.code)
     if unsure and not prober:
         raise ToolError(f"{verdict}; `apply` without --no-verify runs the probe")
-    fixed = how.get(verdict.state, "check cannot tell, the probe shows it")
+    fixed = verdict.how_fixed or "check cannot tell, the probe shows it"
     if not (verified and all((tree.root / rel).read_bytes() == data for rel, data in verified.items())):
         said = f"{verdict}; " if unsure else f"{tree.label}: its source reads as fixed ({fixed}); "
         shown = proven(tree, prober, {}, f"{said}nothing changed; ")  # the tree as it is

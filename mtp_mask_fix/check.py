@@ -48,6 +48,11 @@ class Verdict:
     def __str__(self) -> str:
         return f"{self.target.label}: " + self.state.value[0].format(detail=self.detail, why=self.why)
 
+    @property
+    def how_fixed(self) -> str:
+        """How the target already holds the fix: by which patch, or "another way"; "" where it does not."""
+        return {State.APPLIED: self.detail, State.EQUIVALENT: "another way"}.get(self.state, "")
+
 
 def candidates() -> list[Patch]:
     """The patches to judge a target by: the carried patch (the one in patches/) and its backports."""
