@@ -269,9 +269,9 @@ def _trained(call: dict, where: str | None, gradient) -> None:
 
 
 def _verdict_moved(block: bool = False) -> bool:
-    """Count the calls whose tallies are off their device (all when block); whether a first call or finding came in."""
+    """Count the calls whose tallies are off their device (all when block, waiting for each); if a verdict moved."""
     before = tuple(bool(seen[key]) for key in ("trained", *JUDGED))
-    while pending and (block or pending[0][1] is None or pending[0][1].query()):
+    while pending and (pending[0][1] is None or pending[0][1].query() or block and not pending[0][1].synchronize()):
         values, _, no_labels, no_mask = pending.pop(0)
         figures = _figures_of(values.tolist())
         against = any(figures[key] for key in FIGURES if key not in UNJUDGED)

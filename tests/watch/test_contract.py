@@ -284,3 +284,23 @@ def test_a_process_reports_its_first_trained_call_and_each_new_finding(models, w
     loops.run(models[1], "no mask")
     report = json.loads(written.read_text())
     assert (report["calls"], report["trained"], report["against"], report["no_mask"]) == (4, 3, 1, 1)
+
+
+def test_a_report_waits_for_tallies_still_on_their_way_off_the_device(wrap, tmp_path, monkeypatch):
+    """A report reads a call's tallies once their copy off the device has landed (on CUDA: the copy's event)."""
+    wrap()
+    landing = torch.zeros(9, dtype=torch.long)  # one call, one mask: it counts 5 positions the mask leaves out
+
+    class Copy:
+        """A CUDA event whose copy lands once it is waited for."""
+
+        def query(self) -> bool:
+            return False
+
+        def synchronize(self) -> None:
+            landing.copy_(torch.tensor([0, 0, 0, 0, 0, 0, 5, 0, 1]))
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: Copy().synchronize())  # the device's work too
+    watched.pending.append((landing, Copy(), False, False))
+    report = reported(tmp_path)
+    assert (report["trained"], report["against"], report["counts"]) == (1, 1, 5)
