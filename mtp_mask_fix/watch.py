@@ -75,9 +75,7 @@ def verdict(name: str, code: int, reports: list, stopped: Interrupted | None = N
         return f"mtp-mask-fix watch: {name}: {said}", Exit.FAILED
     shapes = {who: _judged_kinds(c) for who, c in ranks.items() if isinstance(who, int) and c["calls"]}
     usual = next((s for s in shapes.values() if 2 * list(shapes.values()).count(s) > len(shapes)), None)
-    lines = [
-        f"  rank {who}: {_counts(ranks[who])}{_against(ranks[who])}" for who in sorted(shapes) if shapes[who] != usual
-    ]
+    lines = [f"  rank {w}: {_counts(ranks[w])}{_against(ranks[w])}" for w in sorted(shapes) if shapes[w] != usual]
     ranked = [who for who in ranks if isinstance(who, int)]  # every rank, with the MTP loss (its last stage) or not
     run_in = f"{len(ranked)} rank(s)" if ranked else f"{sum(1 for c in ranks.values() if c['calls'])} process(es)"
     counted = f"; each process's first {steps} calls counted, --steps" if steps else ""

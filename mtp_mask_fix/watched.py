@@ -291,7 +291,8 @@ def _caller() -> str:
 def _report(final: bool = False):
     """Write what this process has counted for watch to read (`final`: its last word, at its end)."""
     if found:
-        _verdict_moved(block=True)  # the counts read off their devices: the one synchronisation, never at a call
+        with contextlib.suppress(RuntimeError):  # a device in error (the job's crash): the calls it holds go uncounted
+            _verdict_moved(block=True)  # the counts off their devices, waited for
         report = {key: int(seen[key]) for key in COUNTS}
         report.update(rank=os.environ.get("RANK"), pid=os.getpid(), where=seen.get("where"), final=final)
         path = os.path.join(HERE, str(os.getpid()))

@@ -304,3 +304,25 @@ def test_a_report_waits_for_tallies_still_on_their_way_off_the_device(wrap, tmp_
     watched.pending.append((landing, Copy(), False, False))
     report = reported(tmp_path)
     assert (report["trained"], report["against"], report["counts"]) == (1, 1, 5)
+
+
+def test_a_device_in_error_at_the_end_leaves_the_last_report_and_raises_nothing(wrap, tmp_path):
+    """A job that ends with its device in error (a CUDA error stays): its last report is written with the calls counted
+    so far, and watch adds no traceback of its own to the job's."""
+    wrap()
+
+    class Failed:
+        """A CUDA event on a device in error: torch raises on every use of it."""
+
+        def query(self) -> bool:
+            raise RuntimeError("CUDA error: device-side assert triggered")
+
+        synchronize = query
+
+    watched.seen.update(calls=2, trained=1)
+    watched.pending.append((torch.zeros(9, dtype=torch.long), Failed(), False, False))
+    try:
+        report = reported(tmp_path)
+    except RuntimeError as error:
+        pytest.fail(f"the report raised {error!r}")
+    assert (report["final"], report["calls"], report["trained"]) == (True, 2, 1)
