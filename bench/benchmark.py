@@ -6,13 +6,11 @@
 Run it after `./run setup` (warm). Each tier is one pytest session as `./run test` runs it: its wall time, and the
 CPU-seconds of its whole process tree (this process is a subreaper, so orphans count), which depend far less than
 wall time on what else runs; pytest's own `--durations` names its slowest steps. The ratios come from interleaved
-rounds (unpatched, patched, and patched under `mtp-mask-fix watch` and `watch --every`, each a fresh one-rank process
-running the median of --steps forward+backward steps at hidden 128 on 128 positions, and of a tenth as many at hidden
-256 on 1,024 positions, wall and CPU time), quoted as the median over rounds with its range. Processes differ by
-several per cent whatever runs in them, so each watched process also alternates its steps with watch's wrappers taken
-out: the CPU ratio of those pairs is watch's cost per step without that difference, as the pairs' median and as the
-ratio of their totals (where watch leaves calls out, the median pair is one left out). bench/PLAN.md says how the
-figures decide. Nothing here fails on a figure.
+rounds (unpatched, patched and patched under `mtp-mask-fix watch`, each a fresh one-rank process running the median
+of --steps forward+backward steps at hidden 128 on 128 positions, and of a tenth as many at hidden 256 on 1,024
+positions, wall and CPU time), quoted as the median over rounds with its range. Processes differ by several per cent
+whatever runs in them, so the watched process also alternates its steps with watch's wrappers taken out: the median
+CPU ratio of those pairs is watch's cost per step without that difference. Nothing here fails on a figure.
 """
 
 import argparse
@@ -79,15 +77,13 @@ def setup() -> None:
     print("".join(f"  {line.strip()}\n" for line in said), end="", flush=True)
 
 
-def _run(mode: str, tree: Path, ranks: int, *args: str, watched: tuple[str, ...] | None = None) -> list[dict]:
-    """Each rank's payload of one worker run, under `mtp-mask-fix watch` with the options `watched` if given."""
+def _run(mode: str, tree: Path, ranks: int, *args: str, watched: bool = False) -> list[dict]:
+    """Each rank's payload of one worker run, under `mtp-mask-fix watch` if `watched`."""
     import torch
 
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "tinymodel.worker", mode, "--ranks", str(ranks), "--out", out, *args]
-        command = (
-            command if watched is None else [sys.executable, "-m", "mtp_mask_fix", "watch", *watched, "--", *command]
-        )
+        command = [sys.executable, "-m", "mtp_mask_fix", "watch", "--", *command] if watched else command
         # TMPDIR of its own: watch's folder, where its processes report, is no one else's to clean up.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(REPO)]), TMPDIR=out)
         done = subprocess.run(command, env=env, capture_output=True, text=True)
@@ -110,36 +106,31 @@ def ratios(rounds: int, steps: int) -> None:
     interleaved round by round."""
     from maintain.repo import VIEW, pins, release
 
-    arms = {"unpatched": (release(pins()["megatron-bridge"]).root, None), "patched": (VIEW, None)}
-    arms.update({"watched": (VIEW, ()), "watched --every": (VIEW, ("--every",))})
-    watched = [arm for arm, (_, options) in arms.items() if options is not None]
+    arms = {"unpatched": (release(pins()["megatron-bridge"]).root, False), "patched": (VIEW, False)}
+    arms["watched"] = (VIEW, True)
     for hidden, seq, share in SHAPES:
-        pairs = ("patched/unpatched", *(f"{arm}/patched" for arm in watched))
-        found = {f"{pair} ({clock})": [] for pair in pairs for clock in ("wall", "CPU")}
-        # per round, the CPU ratio of the watched process's steps with and without the wrappers: the pairs' median,
-        # and the ratio of their totals (what a job pays where watch judges some calls and leaves others out)
-        paired = {
-            f"{arm}/unwatched paired in one process (CPU{how})": [] for arm in watched for how in ("", ", total")
+        found = {
+            f"{pair} ({clock})": [] for pair in ("patched/unpatched", "watched/patched") for clock in ("wall", "CPU")
         }
+        paired = []  # per round, the median CPU ratio of the watched process's steps with and without the wrappers
         shape = ("--steps", str(max(3, steps // share)), "--hidden", str(hidden), "--seq", str(seq))
         for round_ in range(rounds):
-            order = list(arms)[round_ % len(arms) :] + list(arms)[: round_ % len(arms)]  # each arm first in turn
+            order = list(arms)[round_ % 3 :] + list(arms)[: round_ % 3]  # each arm first in turn
             step = {arm: _run("bench", arms[arm][0], 1, *shape, watched=arms[arm][1])[0] for arm in order}
             for name in found:
-                top, bottom = name.rsplit(" (", 1)[0].split("/")
-                key = "median_step_cpu_s" if name.endswith("(CPU)") else "median_step_s"
+                (top, bottom), key = (
+                    name.split(" ")[0].split("/"),
+                    "median_step_cpu_s" if "CPU" in name else "median_step_s",
+                )
                 found[name].append(step[top][key] / step[bottom][key])
             times = (
                 f"{arm} {step[arm]['median_step_s'] * 1e3:.2f} ms ({step[arm]['median_step_cpu_s'] * 1e3:.2f} CPU)"
                 for arm in arms
             )
             print(f"hidden {hidden} on {seq} positions, round {round_ + 1}: " + ", ".join(times), flush=True)
-            for arm in watched:
-                paired[f"{arm}/unwatched paired in one process (CPU)"].append(step[arm]["paired_cpu_ratio"])
-                paired[f"{arm}/unwatched paired in one process (CPU, total)"].append(
-                    step[arm]["paired_cpu_total_ratio"]
-                )
-        for name, values in {**found, **paired}.items():
+            paired.append(step["watched"]["paired_cpu_ratio"])
+        found["watched/unwatched paired in one process (CPU)"] = paired
+        for name, values in found.items():
             median = statistics.median(values)
             print(
                 f"hidden {hidden} on {seq} positions, {name}: median {median:.3f} (range {min(values):.3f} to {max(values):.3f})"

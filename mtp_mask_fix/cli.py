@@ -14,7 +14,6 @@ from mtp_mask_fix.signals import SIGNALS, Interrupted, guard, say
 from mtp_mask_fix.targets import find, interpreter
 from mtp_mask_fix.verify import proven
 from mtp_mask_fix.watch import watch
-from mtp_mask_fix.watched import SHARE
 
 
 class Parser(argparse.ArgumentParser):
@@ -73,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "verify":
         return verify_command(args.target, python=args.python)
     if args.command == "watch":
-        return watch(args.cmd, steps=args.steps, strict=args.strict, every=args.every)
+        return watch(args.cmd, steps=args.steps, strict=args.strict)
     return report(args.target, python=args.python, status=args.command == "status")
 
 
@@ -101,9 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = parser.commands.add_parser("watch", help=said, description=said)
     p.add_argument("--strict", action="store_true", help="stop at the first call against it, naming its caller")
     p.add_argument("--steps", metavar="N", type=int, help="count each process's first N MTP loss calls only")
-    p.add_argument(
-        "--every", action="store_true", help=f"judge every trained call, not only those within {SHARE:.2%} of the time"
-    )
     p.add_argument("cmd", metavar="CMD", nargs="*", help="after --: the job, e.g. torchrun ... pretrain.py ...")
     return parser
 

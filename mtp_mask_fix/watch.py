@@ -12,14 +12,14 @@ from pathlib import Path
 
 from mtp_mask_fix.errors import Exit, ToolError
 from mtp_mask_fix.signals import SIGNALS, Interrupted, held, say
-from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHARE, SHIFTS, UNJUDGED
+from mtp_mask_fix.watched import COUNTS, LOOKED_FOR, SHIFTS, UNJUDGED
 
 
 UNBLOCK = functools.partial(signal.pthread_sigmask, signal.SIG_UNBLOCK, SIGNALS)  # in the job, as it starts
 UNSEEN = "a process watch cannot see (python -I or -E, a cleaned environment, a Ray worker) may have run it"
 
 
-def watch(command: list[str], *, steps: int | None, strict: bool, every: bool = False) -> int:
+def watch(command: list[str], *, steps: int | None, strict: bool) -> int:
     """Run CMD in a session of its own (watch passes a signal on once, a second ends it); print and return the verdict."""
     if steps is not None and steps < 1:
         raise ToolError(f"watch: --steps {steps}: not a number of calls (1 or more)")
@@ -28,8 +28,7 @@ def watch(command: list[str], *, steps: int | None, strict: bool, every: bool = 
     with tempfile.TemporaryDirectory(prefix="mtp-mask-fix-watch-") as folder:
         (Path(folder) / "sitecustomize.py").symlink_to(Path(__file__).with_name("watched.py"))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")])))
-        share = not (strict or every) and SHARE  # --strict stops at the first call against: it judges each
-        env["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": strict and Exit.UNMASKED, "share": share})
+        env["MTP_MASK_FIX_WATCH"] = json.dumps({"steps": steps, "strict": Exit.UNMASKED if strict else 0})
         try:  # how the job ended: its code, and the signal that stopped it (None), one as it starts too
             with held():  # a signal is taken once `job` is bound, and so goes on to the job
                 job = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=UNBLOCK)
@@ -57,8 +56,9 @@ def _code_once_stopped(job: subprocess.Popen, sig: signal.Signals) -> int:
 
 
 def verdict(name: str, code: int, reports: list, stopped: Interrupted | None = None, steps=None) -> tuple[str, Exit]:
-    """The job's line and one per rank judged unlike most (each process's last report, its first `steps` calls), for
-    `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on; and watch's exit code."""
+    """The job's line and one per rank whose judged counts are unlike most ranks', from each process's last report,
+    for `name` that exited with `code` (-n: signal n), maybe `stopped` by a signal passed on, counting each process's
+    first `steps` calls; and watch's exit code (errors.Exit says what each means)."""
     total = {key: sum(r[key] for r in reports) for key in COUNTS}
     ranks = {}
     for r in reports:  # a rank's processes add up (its data loader's too); a process without a rank is its own
@@ -82,10 +82,9 @@ def verdict(name: str, code: int, reports: list, stopped: Interrupted | None = N
     head = f"mtp-mask-fix watch: {name}: {_counts(total)} (run in {run_in}{counted}){_against(total)}"
     unjudged = dict(zip(UNJUDGED, ("with no 0/1 mask found in the loss", "whose loss masks after a reduction")))
     unjudged["ambiguous"] = "whose MTP loss counts what one of the loss's masks keeps, not what all of them keep"
-    unjudged["skipped"] = f"left out to keep comparing within {SHARE:.2%} of each process's time (--every judges each)"
     if said := [f"{total[key]} call(s) {words}" for key, words in unjudged.items() if total[key]]:
         head += f"; not judged: {', '.join(said)}"
-    nothing = total["trained"] == sum(total[key] for key in unjudged)  # no call judged
+    nothing = total["trained"] == sum(total[key] for key in UNJUDGED)  # no call judged
     if stale := sum(not r["final"] for r in reports):
         head += f"; {stale} process(es) ended without a last report (SIGKILL, a crash): counted up to an earlier one"
     if strict := next((r["where"] for r in reports if r["where"]), None):
@@ -126,4 +125,4 @@ def _against(c: dict) -> str:
     said += [f"{c[f'shift {k}']} with labels the inputs shifted by {k}, not 1" for k in SHIFTS[1:] if c[f"shift {k}"]]
     if c["against"]:
         return f": {c['against']} trained against the contract: {'; '.join(said)}"
-    return ": no finding" if c["trained"] > sum(c[key] for key in (*UNJUDGED, "skipped")) else ""
+    return ": no finding" if c["trained"] > sum(c[key] for key in UNJUDGED) else ""

@@ -22,15 +22,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MTP, GPT = "megatron.core.transformer.multi_token_prediction", "megatron.core.models.gpt.gpt_model"
 LANGUAGE = "megatron.core.models.common.language_module.language_module"
 LOOKED_FOR = f"{MTP}.process_mtp_loss (megatron-core 0.17 on), or the inline one of {GPT}.GPTModel._postprocess (0.16)"
-CONFIG = json.loads(os.environ.get("MTP_MASK_FIX_WATCH", "{}"))  # {"steps", "strict": its exit code or 0, "share"}
-SHARE = 0.0025  # of a process's time from its first MTP loss call that tallying calls may take (--every: no limit)
+CONFIG = json.loads(os.environ.get("MTP_MASK_FIX_WATCH", "{}"))  # {"steps": N or null, "strict": its exit code or 0}
 EVERY = 10.0  # seconds between a process's reports while it runs, besides one whenever its verdict changes
 SHIFTS = (1, 0, 2, 3)  # label[i] = input[i + shift]: the contract's first
 NEARLY = 0.99  # labels are the inputs shifted by k when they are so on this share of the counted positions
 UNJUDGED = ("maskless", "unplaced", "ambiguous")  # why a trained call is not judged
 FIGURES = ("counts", "leaves", *UNJUDGED, *(f"shift {k}" for k in SHIFTS[1:]))  # a call's, off its device
 JUDGED = ("against", "no_mask", *FIGURES)
-COUNTS = ("calls", "evaluated", "trained", "no_labels", "skipped", *JUDGED)
+COUNTS = ("calls", "evaluated", "trained", "no_labels", *JUDGED)
 MOVES = set(  # operations that move elements without mixing them: applied to the positions too, they say where to
     "__getitem__ __get__ view reshape flatten unflatten transpose swapaxes permute t narrow select squeeze unsqueeze "
     "expand expand_as view_as reshape_as gather take_along_dim index_select split chunk unbind tensor_split roll flip "
@@ -38,37 +37,36 @@ MOVES = set(  # operations that move elements without mixing them: applied to th
 )
 WRITES = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"}  # in place, as every name ending in _
 MIXED = -1  # the position of an element that mixes several (a row's sum), or of none
-seen, found = collections.Counter(), []  # this process's counts (and tallying's seconds); core's MTP loss, wrapped
+seen, found = collections.Counter(), []  # this process's counts; core's MTP loss, once wrapped
 pending, latest, followed = [], [None], []  # judged calls' figures leaving their devices; the last call; its class
 _exit, _import, _due = os._exit, builtins.__import__, [0.0]
 
 
 def _observe(c: dict) -> dict | None:
-    """What an MTP loss call is handed (`c`, by name), kept for its backward; None where it computes no MTP loss."""
+    """What an MTP loss call is handed (`c`, by name; "self": 0.16's inline loss), kept for its backward; None where
+    it computes no MTP loss (a stage without the output layer, MTP off)."""
     labels, inputs, mask = c.get("labels"), c.get("input_ids"), c.get("loss_mask")
     derived = labels is None and "self" not in c  # 0.19 on: core rolls input_ids into labels, and the mask with them
     aligned = inputs if derived else labels
     if aligned is None or "self" in c and not (c["self"].post_process and c["self"].config.mtp_num_layers is not None):
         return None
     seen["calls"] += 1
-    latest[0] = call = {"derived": derived, "mask": mask, "no_labels": labels is None, "shape": aligned.shape}
+    call = {"derived": derived, "mask": mask, "no_labels": labels is None, "shape": aligned.shape}
     call.update(device=aligned.device, cu=getattr(c.get("packed_seq_params"), "cu_seqlens_q", None))
     if not derived and inputs is not None and inputs.shape == labels.shape:
         call.update(labels=labels, inputs=inputs)
+    latest[0] = call
     return call
 
 
 def _returning_followed(call_model):
-    """LanguageModule.__call__, its output (the LM loss per label, or logits) followed by position through the loss."""
+    """LanguageModule.__call__, whose output (the LM loss per label, or the logits) is followed through the job's
+    loss when it computed an MTP loss that trains: each element knows its position, the label's index."""
 
     @functools.wraps(call_model)
     def __call__(self, *args, **kwargs):
         before, out = seen["calls"], call_model(self, *args, **kwargs)
         if seen["calls"] != before and getattr(out, "requires_grad", False) and out.shape[:2] == latest[0]["shape"]:
-            now, share = time.perf_counter(), CONFIG.get("share")
-            since = seen.setdefault("since", now)  # tallying may take this share of the time from the first call on
-            if share and seen["trained"] and seen["tallying"] > share * (now - since):
-                return latest[0].update(skipped=True) or out  # judged: the first trained call, then any within it
             with sys.modules["torch"]._C.DisableTorchFunction():  # a torch-function mode of the job's sees none of it
                 latest[0]["index"] = index = sys.modules["torch"].arange(out.shape[:2].numel(), device=out.device)
                 out = _followed(out, latest[0], index.view(*out.shape[:2], *[1] * (out.dim() - 2)))
@@ -78,16 +76,18 @@ def _returning_followed(call_model):
 
 
 def _followed(out, call: dict, index):
-    """out (a tensor, or a tuple of them; not a scalar) as the followed class, its elements' positions `index`."""
+    """out (a tensor, or a tuple of them) as a tensor of the class that follows the model's output, with its elements'
+    positions (`index`, broadcast to out's shape; one per part for a tuple); a scalar has none and is not followed."""
+    torch = sys.modules["torch"]
     if isinstance(out, (tuple, list)):
         parts = index if isinstance(index, (tuple, list)) else itertools.repeat(index)
         items = [_followed(o, call, i) for o, i in zip(out, parts)]
         return items if isinstance(out, list) else type(out)(items)
-    if not isinstance(out, sys.modules["torch"].Tensor) or out.dim() == 0:
+    if not isinstance(out, torch.Tensor) or out.dim() == 0:
         return out
     if not followed:  # pickled or copied, it is the plain tensor it aliases (`.data`)
         plain = {k: lambda t, *a, k=k: getattr(t.data, k)(*a) for k in ("__reduce_ex__", "__deepcopy__")}
-        followed.append(type("Followed", (sys.modules["torch"].Tensor,), {"__torch_function__": _following, **plain}))
+        followed.append(type("Followed", (torch.Tensor,), {"__torch_function__": _following, **plain}))
     out = out if isinstance(out, followed[0]) else out.as_subclass(followed[0])
     for d in range(index.dim()):  # an expand's copies kept once: a dim of stride 0 at size 1
         index = index.narrow(d, 0, 1) if index.stride(d) == 0 and index.shape[d] > 1 else index
@@ -97,7 +97,8 @@ def _followed(out, call: dict, index):
 
 @classmethod
 def _following(cls, func, types, args=(), kwargs=None):
-    """The followed class's tensor function: the operation, where its output's elements come from, any mask applied."""
+    """The followed class's tensor function: the operation as it is, then where its output's elements come from, and
+    whether it applies to them a 0/1 operand that the model's outputs do not produce (a mask)."""
     torch, kwargs, name = sys.modules["torch"], kwargs or {}, getattr(func, "__name__", "")
     with torch._C.DisableTorchFunctionSubclass():
         out = func(*args, **kwargs)
@@ -152,7 +153,8 @@ def _positions(name: str, func, args: tuple, kwargs: dict, out, ours: list):
 
 
 def _masking(name: str, args: tuple, kwargs: dict, out, call: dict) -> None:
-    """Keep a 0/1 operand of the job's own (a mask) applied to the followed tensor for the call's backward to judge."""
+    """If the operation applies a 0/1 operand of the job's own (not derived from the model's outputs) to the followed
+    tensor, keep it with its elements' positions for the call's backward, which judges it if it reaches `out`."""
     torch, ours, kept = sys.modules["torch"], followed[0], True  # kept: where the mask is True, False: where not
     if name in ("mul", "mul_", "__mul__", "__rmul__", "__imul__", "multiply"):
         value, mask, kept = (*args, None) if isinstance(args[0], ours) else (*args[::-1], None)  # None: where not 0
@@ -247,13 +249,11 @@ def _figures_of(tallies: list[int]) -> dict:
 
 
 def _trained(call: dict, where: str | None, gradient) -> None:
-    """A backward reached the call's MTP loss: it trains, so it is judged or left out (once, for all backwards)."""
-    if "shape" in call:  # a call left out (to keep comparing within its share of the time) is counted, in turn
-        start = time.perf_counter()
+    """A backward reached the call's MTP loss: it trains, so it is judged (once, whatever the backwards)."""
+    if "shape" in call:
         with sys.modules["torch"]._C.DisableTorchFunction():  # a torch-function mode of the job's sees none of it
-            values = None if call.get("skipped") else _tallies_of(call).to("cpu", non_blocking=True)
-        seen["tallying"] += time.perf_counter() - start
-        if event := sys.modules["torch"].cuda.Event() if gradient.is_cuda and values is not None else None:
+            values = _tallies_of(call).to("cpu", non_blocking=True)
+        if event := sys.modules["torch"].cuda.Event() if gradient.is_cuda else None:
             event.record()
         pending.append((values, event, call["no_labels"], call["mask"] is None))
         call.clear()
@@ -273,8 +273,8 @@ def _verdict_moved(block: bool = False) -> bool:
     before = tuple(bool(seen[key]) for key in ("trained", *JUDGED))
     while pending and (pending[0][1] is None or pending[0][1].query() or block and not pending[0][1].synchronize()):
         values, _, no_labels, no_mask = pending.pop(0)
-        figures = {"skipped": 1} if values is None else _figures_of(values.tolist())
-        against = any(figures.get(key) for key in FIGURES if key not in UNJUDGED)
+        figures = _figures_of(values.tolist())
+        against = any(figures[key] for key in FIGURES if key not in UNJUDGED)
         seen.update(figures, against=against, no_mask=against and no_mask, no_labels=no_labels, trained=1)
     return before != tuple(bool(seen[key]) for key in ("trained", *JUDGED))
 

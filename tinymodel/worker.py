@@ -168,9 +168,6 @@ def bench(args) -> dict:
     if wrapped:
         pairs = [on[1] / off[1] for on, off in zip(times[True][3:], times[False][3:])]
         payload["paired_cpu_ratio"] = statistics.median(pairs)
-        payload["paired_cpu_total_ratio"] = sum(on[1] for on in times[True][3:]) / sum(
-            off[1] for off in times[False][3:]
-        )
     return payload
 
 

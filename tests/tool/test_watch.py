@@ -220,9 +220,8 @@ NOTHING_JUDGED = "; no call judged"
 
 
 def test_data_parallel_ranks_that_differ_only_in_their_data_print_the_job_line_alone():
-    """How many positions each rank's MTP loss trains against its loss, or leaves unjudged, is its data's; how many
-    calls it leaves out to hold judging to its share of the time, its speed's."""
-    reports = [report(str(rank), 10 + rank, **TRAINED, against=4, counts=40 + rank, skipped=rank) for rank in range(4)]
+    """How many positions each rank's MTP loss trains against its loss, or leaves unjudged, is its data's."""
+    reports = [report(str(rank), 10 + rank, **TRAINED, against=4, counts=40 + rank) for rank in range(4)]
     text, code = verdict("job", 0, reports)
     assert (code, text.count("\n")) == (Exit.UNMASKED, 0), text
     assert "(run in 4 rank(s)): 16 trained against the contract: the MTP loss counts 166 positions" in text

@@ -8,10 +8,7 @@ runs it (`python -m tinymodel.worker`, whose ranks fork from a fresh process, or
   call (core derives the labels from input_ids) without a mask is reported; two data-parallel ranks that differ only
   in their data print the job's line alone;
 - a loop of tests/watch/loops.py stopped through watch, killed with SIGKILL after its first trained call, or ending
-  with exit 3, still has its verdict printed (each call judged: --every), and --strict keeps what the job printed
-  before it stopped the job;
-- where judging outweighs the job (a clock that moves a second at each reading), a loop's first trained call is
-  judged and the rest left out, said on the line; --every and --strict judge each.
+  with exit 3, still has its verdict printed, and --strict keeps what the job printed before it stopped the job.
 
 Every expected count comes from the batches; a watch that reports nothing fails each case. Only the jobs of the
 selected tests start, all in `./run test --all` (the push tier holds watch's in-process tests). Each job's processes
@@ -45,26 +42,22 @@ RELEASE = release(pins()["megatron-bridge"]).root
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 OUT = Path("out")  # in each job's folder
 STEP = ("--function", "tests.watch.one_step:step", "--arg", "")
-RANKS, LOOPS, CLOCKED = (
+RANKS, LOOPS = (
     str(Path(__file__).with_name("rank_calls.py")),
     [sys.executable, str(Path(__file__).with_name("loops.py"))],
-    [sys.executable, str(Path(__file__).with_name("clocked.py")), "sft", "--steps", "3"],
 )
 JOBS = {  # name: (watch's options, the command: a worker run of its tree, or one with the view first on the path)
     "view": ((), Launch("call", VIEW, 1, OUT, STEP)),
     "strict": (("--strict",), Launch("call", RELEASE, 1, OUT, STEP)),
-    "pp2": (("--every", "--steps", "3"), Launch("pipeline", RELEASE, 2, OUT)),
+    "pp2": (("--steps", "3"), Launch("pipeline", RELEASE, 2, OUT)),
     "pp2 patched": ((), Launch("pipeline", VIEW, 2, OUT)),
     "torchrun": ((), [*TORCHRUN, RANKS, "mixed"]),
     "data-parallel": ((), [*TORCHRUN, RANKS, "data-parallel"]),
-    "SIGINT": (("--every",), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
-    "SIGTERM": (("--every",), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
-    "SIGKILL": (("--every",), [*LOOPS, "no mask", "--steps", "1", "--then", "sleep"]),
+    "SIGINT": ((), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
+    "SIGTERM": ((), [*LOOPS, "no mask", "--steps", "2", "--then", "sleep"]),
+    "SIGKILL": ((), [*LOOPS, "no mask", "--steps", "1", "--then", "sleep"]),
     "exit 3": ((), [*LOOPS, "sft", "--steps", "2", "--then", "exit-3"]),
     "strict, stdout to a file": (("--strict",), [*LOOPS, "no mask"]),
-    "judging outweighs the job": ((), CLOCKED),
-    "judging outweighs the job, --every": (("--every",), CLOCKED),
-    "judging outweighs the job, --strict": (("--strict",), CLOCKED),
 }
 COUNTS = re.compile(
     r"MTP loss calls trained (\d+) \((\d+) without labels\), evaluated (\d+), not reached by a backward (\d+)"
@@ -242,15 +235,3 @@ def test_a_job_that_fails_after_masked_steps_prints_its_counts(watched):
     assert (watched.code, watched.report, watched.left) == (Exit.JOB_FAILED, {"job": (2, 0, 0, 0)}, [])
     assert watched.head.endswith(f"; {sys.executable} ended with exit code 3"), watched.head
     assert "against the contract" not in watched.head
-
-
-@pytest.mark.parametrize(
-    "watched",
-    ["judging outweighs the job", "judging outweighs the job, --every", "judging outweighs the job, --strict"],
-    indirect=True,
-)
-def test_calls_left_out_to_hold_judging_to_its_share_are_said_and_every_or_strict_judge_each(watched, request):
-    each = request.node.callspec.params["watched"] != "judging outweighs the job"
-    assert (watched.code, watched.report, watched.left) == (Exit.OK, {"job": (3, 0, 0, 0)}, []), watched.log
-    left_out = "; not judged: 2 call(s) left out to keep comparing within"
-    assert watched.head.endswith(": no finding") if each else left_out in watched.head, watched.head
