@@ -96,16 +96,26 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _rendezvous(world: int) -> dict[str, str]:
-    return dict(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+def _rendezvous(world: int, port: int = 0) -> dict[str, str]:
+    return dict(WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port or _free_port()))
 
 
-def _spawn(tree: Path, argv: list[str], world: int, out: Path) -> list[subprocess.Popen]:
-    """One process a rank, TREE first on its import path, its output in out/rank<r>.log."""
+class _Ranks(list):
+    """A run's rank processes, and the store they meet at, held by this process while they run."""
+
+    store: torch.distributed.TCPStore
+
+
+def _spawn(tree: Path, argv: list[str], world: int, out: Path) -> _Ranks:
+    """One process a rank, TREE first on its import path, its output in out/rank<r>.log. The ranks meet at a store
+    this process binds now and holds while they run (as torchrun's agent does), not at a port picked for rank 0 to
+    bind once it has imported, which a run started at the same time can take meanwhile (EADDRINUSE)."""
     out.mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join(filter(None, [str(tree), str(REPO), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=path, **_rendezvous(world))
-    ranks = []
+    ranks = _Ranks()
+    ranks.store = torch.distributed.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
+    env = dict(os.environ, PYTHONPATH=path, **_rendezvous(world, ranks.store.port))
+    env["TORCHELASTIC_USE_AGENT_STORE"] = str(True)  # every rank a client of this process's store
     for rank in range(world):
         with open(out / f"rank{rank}.log", "w") as log:
             command = [sys.executable, "-m", "tinymodel.worker", *argv]
