@@ -37,7 +37,7 @@ MOVES = set(  # operations that move elements without mixing them: applied to th
 )
 WRITES = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__"}  # in place, as every name ending in _
 MIXED = -1  # the position of an element that mixes several (a row's sum), or of none
-seen, found = collections.Counter(), []  # this process's counts; core's MTP loss, once wrapped
+seen, found = collections.Counter(), []  # this process's counts; what it wrapped: core's MTP loss, LanguageModule
 pending, latest, followed = [], [None], []  # judged calls' figures leaving their devices; the last call; its class
 _exit, _import, _due = os._exit, builtins.__import__, [0.0]
 
@@ -333,8 +333,9 @@ def _importing(*args, **kwargs):
         sys.modules[GPT].GPTModel._postprocess = _wrap(post)
         found.append(post)
     language = getattr(sys.modules.get(LANGUAGE), "LanguageModule", None)
-    if found and language is not None:  # GPTModel and HybridModel: what they return to the job is followed
-        language.__call__ = _returning_followed(language.__call__)
+    if found and language is not None and language not in found:  # GPTModel and HybridModel: their output followed
+        language.__call__ = _returning_followed(language.__call__)  # once, whatever imports this import nests
+        found.append(language)
         builtins.__import__ = _import
     return module
 

@@ -119,6 +119,20 @@ def test_the_users_sitecustomize_still_runs(cli, env, tmp_path):
     assert NEVER_CALLED in said  # and watch's own ran too
 
 
+@pytest.mark.slow
+def test_each_place_is_wrapped_once_whatever_core_imports_as_it_is_imported(cli, env):
+    """Core's imports nest inside its own (the installed megatron-core): its MTP loss and LanguageModule.__call__ each
+    get one wrapper, which its __wrapped__ takes out (as bench/benchmark.py's paired steps do), leaving core's own."""
+    job = (
+        f"{IMPORT_GPT}; import torch, megatron.core.transformer.multi_token_prediction as mtp\n"
+        "from megatron.core.models.common.language_module.language_module import LanguageModule\n"
+        "print(LanguageModule.__call__.__wrapped__ is torch.nn.Module.__call__, "
+        "mtp.process_mtp_loss.__wrapped__.__module__ == mtp.__name__)"
+    )
+    result = cli("watch", "--", PY, "-c", job, env=env)
+    assert result.stdout.splitlines()[0] == "True True", result
+
+
 def _watching(env: dict, tmp_path, job: str, written: str) -> subprocess.Popen:
     """`watch -- python -c JOB` in a session of its own, once the job has written the file `written`."""
     watch = subprocess.Popen(
