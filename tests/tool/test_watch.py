@@ -1,8 +1,9 @@
 """`mtp-mask-fix watch` without the tiny model: its bad input, a command that dies or is interrupted (once, or twice
-for a job that ignores the first), a sitecustomize of the user's that keeps working, the one line it says of a
-megatron-core it cannot watch (a stand-in package first on the import path), and which ranks get a line of their
-own. tests/watch runs it on the real tiny model. Its jobs run as processes of their own; the push tier keeps its bad
-input and the verdicts judged in-process, the rest is marked slow (`./run test --all`)."""
+for a job that ignores the first), a sitecustomize of the user's that keeps working, the one wrapper it puts on each
+function of the installed megatron-core, the one line it says of a megatron-core it cannot watch (a stand-in package
+first on the import path), and which ranks get a line of their own. tests/watch runs it on the real tiny model. Its
+jobs run as processes of their own; the push tier keeps its bad input and the verdicts judged in-process, the rest is
+marked slow (`./run test --all`)."""
 
 import os
 import signal
