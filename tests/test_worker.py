@@ -16,7 +16,8 @@ def test_ranks_meet_though_the_port_a_launcher_would_pick_is_taken(tmp_path, mon
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        monkeypatch.setattr(worker, "_free_port", lambda: taken.getsockname()[1])
+        # raising=False: a launcher that picks no free port has none to patch, and passes
+        monkeypatch.setattr(worker, "_free_port", lambda: taken.getsockname()[1], raising=False)
         argv = ["call", "--ranks", "2", "--out", str(tmp_path), "--function", "tests.support.meet:ranks", "--arg", ""]
         error = worker._wait(worker._spawn(VIEW, argv, 2, tmp_path), tmp_path, 600)
     assert error is None, error
